@@ -1,0 +1,30 @@
+"""harbor_gym: every Harbor task folder as a ``gymnasium.Env``.
+
+``reset()`` starts a pristine sandbox for the task; ``step(action)`` runs one turn (the agent activation, then the
+turn's verifier) and returns the turn's reward. The public surface is exactly ``__all__``.
+"""
+
+from harbor_gym.config import EnvConfig
+from harbor_gym.errors import (
+    ConfigError,
+    HarborGymError,
+    ResetNeededError,
+    SandboxError,
+    SeedError,
+    SeedRefusedError,
+    TaskLoadError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EnvConfig",
+    "HarborGymError",
+    "ConfigError",
+    "TaskLoadError",
+    "SeedRefusedError",
+    "SeedError",
+    "SandboxError",
+    "ResetNeededError",
+    "__version__",
+]

@@ -1,0 +1,242 @@
+"""`EnvConfig`: the one settings object of harbor_gym, and the host settings file that feeds its image defaults.
+
+Every knob SPEC.md gives to ``EnvConfig`` lives here, with its default. The object is frozen and JSON-serialisable,
+and every place that takes one also takes a plain ``dict`` (``EnvConfig.coerce``), so
+``gymnasium.make(id, config={...})`` and ``EnvSpec.to_json`` work.
+
+Host settings (image aliases, rootfs aliases, pull policy) come from explicit configuration only, never from probing
+the machine: an ``EnvConfig`` field when given, else the host settings file (``$HARBOR_GYM_SETTINGS``, else
+``~/.cache/harbor_gym/settings.toml``, written by ``scripts/setup-host.sh``), else the built-in default; the
+environment variable ``HARBOR_GYM_PULL_POLICY`` overrides the file's pull policy.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from harbor_gym.errors import ConfigError
+
+__all__ = [
+    "EnvConfig",
+    "Semantics",
+    "TurnSessions",
+    "DeadlineClock",
+    "PullPolicy",
+    "BackendName",
+    "AgentOutcomePolicy",
+    "HostSettings",
+    "host_settings",
+    "settings_path",
+]
+
+
+class Semantics(str, Enum):
+    """Which side of SPEC §14 applies: the Seed (default) or Harbor 0.25.0."""
+
+    SEED = "seed"
+    HARBOR = "harbor"
+
+
+class TurnSessions(str, Enum):
+    """SES-1: a fresh harness session per turn, or one continued session per episode."""
+
+    FRESH = "fresh"
+    CONTINUE = "continue"
+
+
+class DeadlineClock(str, Enum):
+    """BUD-6: count only time inside ``reset()``/``step()`` (``env``), or wall-clock time (``wall``)."""
+
+    ENV = "env"
+    WALL = "wall"
+
+
+class PullPolicy(str, Enum):
+    """When a named image that is not present locally may be pulled."""
+
+    MISSING = "missing"
+    NEVER = "never"
+    ALWAYS = "always"
+
+
+class BackendName(str, Enum):
+    """The sandbox backend: ``docker`` when an engine answers, else ``local`` (bubblewrap), for ``auto``."""
+
+    AUTO = "auto"
+    DOCKER = "docker"
+    LOCAL = "local"
+
+
+class AgentOutcomePolicy(str, Enum):
+    """GYM-5/STOP-6: what an agent ``error`` outcome without its own policy does."""
+
+    GRADE = "grade"
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+def settings_path() -> Path:
+    """The host settings file: ``$HARBOR_GYM_SETTINGS``, else ``$HARBOR_GYM_CACHE/settings.toml``."""
+    explicit = os.environ.get("HARBOR_GYM_SETTINGS")
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("HARBOR_GYM_CACHE") or str(Path.home() / ".cache" / "harbor_gym")
+    return Path(cache) / "settings.toml"
+
+
+class HostSettings(BaseModel):
+    """What the host settings file holds (see the module docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    pull_policy: PullPolicy = PullPolicy.MISSING
+    image_aliases: dict[str, str] = Field(default_factory=dict)
+    rootfs_aliases: dict[str, str] = Field(default_factory=dict)
+
+
+def host_settings() -> HostSettings:
+    """Read the host settings file (missing file = built-in defaults) and apply ``HARBOR_GYM_PULL_POLICY``.
+
+    Raises:
+        ConfigError: the file exists but is not valid TOML or holds invalid values.
+    """
+    path = settings_path()
+    data: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"not valid TOML: {exc}", path=path) from exc
+    env_policy = os.environ.get("HARBOR_GYM_PULL_POLICY")
+    if env_policy:
+        data["pull_policy"] = env_policy
+    try:
+        return HostSettings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc), path=path) from exc
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {err['msg']}" if loc else err["msg"]
+
+
+class EnvConfig(BaseModel):
+    """Settings of an env, an episode and a run. Frozen; JSON round-trips; a ``dict`` is accepted wherever it is.
+
+    ``None`` on an image field means "not given here: take the host settings file" (see the module docstring).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+    # --- semantics -------------------------------------------------------------------------------------
+    semantics: Semantics = Field(Semantics.SEED, description="SPEC §14: 'seed' (default) or 'harbor' (Harbor 0.25.0).")
+    turn_sessions: TurnSessions = Field(TurnSessions.FRESH, description="SES-1: 'fresh' (default) or 'continue'.")
+    prompt_template: str | None = Field(
+        None, description="TURN-9: a Jinja2 template using `instruction`, wrapping turn 1's instruction. None: none."
+    )
+    agent_outcome_policy: AgentOutcomePolicy = Field(
+        AgentOutcomePolicy.GRADE, description="GYM-5/STOP-6: policy for an agent `error` outcome that names none."
+    )
+    separate_verifier_for_artifacts: bool = Field(
+        False, description="VER-2: a turn whose task or step declares artifacts verifies `separate`."
+    )
+    freeze_agent_during_verify: bool = Field(
+        False, description="Stop the processes agent activations left behind while each verifier runs."
+    )
+
+    # --- budgets (BUD) ---------------------------------------------------------------------------------
+    step_setup_timeout_s: float | None = Field(
+        None, gt=0, description="BUD-4: bound of setup.sh. None: the turn's agent budget (unbounded if that is)."
+    )
+    verifier_grace_s: float = Field(30.0, ge=0, description="VER-7/BUD-6: host wait past the verifier budget.")
+    harness_setup_allowance_s: float = Field(
+        360.0, ge=0, description="BUD-6: per-step harness setup allowance (Harbor's base 360 s)."
+    )
+    enforce_task_timeouts: bool = Field(True, description="BUD-6/7: derive the episode deadline from the task.")
+    deadline_clock: DeadlineClock = Field(DeadlineClock.ENV, description="BUD-6: 'env' (default) or 'wall'.")
+    default_episode_timeout_seconds: float = Field(
+        21_600.0, gt=0, description="BUD-6/7: deadline when not enforced; warning threshold when enforced."
+    )
+    timeout_multiplier: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="BUD-1/2: overrides the dataset's multiplier. None: dataset's (1.0)."
+    )
+
+    # --- sandboxes -------------------------------------------------------------------------------------
+    backend: BackendName = Field(BackendName.AUTO, description="'auto' (docker if an engine answers, else local).")
+    seed_retries: int = Field(2, ge=0, description="GYM-2: retries of a sandbox outage while seeding.")
+    pull_policy: PullPolicy | None = Field(None, description="None: the host settings file's (default 'missing').")
+    image_aliases: dict[str, str] | None = Field(
+        None, description="Public image name -> local image. None: the host settings file's table."
+    )
+    rootfs_aliases: dict[str, str] | None = Field(
+        None, description="Image name -> unpacked root filesystem folder (local backend). None: host settings."
+    )
+    output_cap_bytes: int = Field(
+        1 << 20, ge=1024, description="Cap of each captured stdout/stderr; longer output is cut with a marker."
+    )
+    lease_ttl_s: float = Field(
+        60.0, ge=5, description="A sandbox whose lease is not renewed for this long removes itself."
+    )
+    logs_root: str | None = Field(
+        None, description="Turn logs land here and are kept; None: a temporary folder removed at close."
+    )
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_compiles(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        import jinja2
+
+        try:
+            jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(value)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(f"prompt_template is not a valid Jinja2 template: {exc}") from exc
+        return value
+
+    @classmethod
+    def coerce(cls, value: "EnvConfig | dict[str, Any] | None") -> "EnvConfig":
+        """Return ``value`` as an `EnvConfig` (``None`` = defaults, a ``dict`` is validated).
+
+        Raises:
+            ConfigError: an unknown key or an invalid value, named.
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            try:
+                return cls.model_validate(value)
+            except ValidationError as exc:
+                raise ConfigError(_first_error(exc), field="EnvConfig") from exc
+        raise ConfigError(f"expected EnvConfig or dict, got {type(value).__name__}", field="EnvConfig")
+
+    def replace(self, **changes: Any) -> "EnvConfig":
+        """A copy with ``changes`` applied and validated."""
+        return self.coerce({**self.model_dump(mode="json"), **{k: _jsonable(v) for k, v in changes.items()}})
+
+    # --- effective image settings ----------------------------------------------------------------------
+    def effective_pull_policy(self) -> PullPolicy:
+        """The pull policy in force: this config's, else the host settings file's."""
+        return self.pull_policy if self.pull_policy is not None else host_settings().pull_policy
+
+    def effective_image_aliases(self) -> dict[str, str]:
+        """The image alias table in force: this config's, else the host settings file's."""
+        return dict(self.image_aliases) if self.image_aliases is not None else dict(host_settings().image_aliases)
+
+    def effective_rootfs_aliases(self) -> dict[str, str]:
+        """The rootfs alias table in force: this config's, else the host settings file's."""
+        return dict(self.rootfs_aliases) if self.rootfs_aliases is not None else dict(host_settings().rootfs_aliases)
+
+
+def _jsonable(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
