@@ -92,7 +92,9 @@ log "settings in $settings"
 
 # --- The project itself ------------------------------------------------------------------------------------
 if [ "${HARBOR_GYM_SKIP_PIP:-0}" != 1 ]; then
-  python3 -m pip install -q -e "$here[test,notebook]" 2>&1 | grep -v -E "^WARNING: Running pip as|^\[notice\]" >&2 || true
-  python3 -c 'import harbor_gym' || { log "harbor_gym does not import after pip install"; exit 1; }
+  if ! python3 -m pip install -q --root-user-action=ignore -e "$here[test,notebook]" >/tmp/harbor-gym-pip.log 2>&1; then
+    tail -30 /tmp/harbor-gym-pip.log >&2; log "pip install failed"; exit 1
+  fi
+  (cd / && python3 -c 'import harbor_gym') || { log "harbor_gym does not import after pip install"; exit 1; }
 fi
 log "ready"
