@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+cat /app/notes/*.txt > /app/all-notes.txt
