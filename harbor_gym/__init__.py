@@ -15,9 +15,18 @@ from harbor_gym.errors import (
     TaskLoadError,
 )
 
+from harbor_gym.env import HarborDatasetEnv, HarborEnv
+from harbor_gym.registration import make, register_envs
+
 __version__ = "0.1.0"
 
+register_envs()
+
 __all__ = [
+    "HarborEnv",
+    "HarborDatasetEnv",
+    "make",
+    "register_envs",
     "EnvConfig",
     "HarborGymError",
     "ConfigError",

@@ -1,0 +1,278 @@
+"""`HarborEnv` and `HarborDatasetEnv`: a Harbor task folder (or a folder of them) as a ``gymnasium.Env``.
+
+The env adapts an `Episode` (the turn engine) to Gymnasium and adds nothing to Harbor's semantics: ``reset`` starts
+a pristine episode (SPEC GYM-2), ``step`` runs exactly one turn (GYM-6), ``close`` stops every sandbox (GYM-7).
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import gymnasium as gym
+import numpy as np
+
+from harbor_gym.config import EnvConfig
+from harbor_gym.errors import ConfigError, ResetNeededError, TaskLoadError
+from harbor_gym.spaces import MAX_TURNS, ScriptSpace, observation_space
+
+__all__ = ["HarborEnv", "HarborDatasetEnv", "EnvState"]
+
+
+class EnvState(enum.Enum):
+    """Lifecycle of an env: no episode yet, an episode running, the episode over, closed."""
+
+    UNSTARTED = "unstarted"
+    RUNNING = "running"
+    OVER = "over"
+    CLOSED = "closed"
+
+
+def _as_task(task_or_path: Any):
+    from harbor_gym.task import Task, load_task
+
+    if isinstance(task_or_path, Task):
+        return task_or_path
+    return load_task(Path(task_or_path))
+
+
+def _check_turn_bound(task) -> None:
+    if len(task.steps) > MAX_TURNS:
+        raise TaskLoadError(
+            f"{len(task.steps)} steps exceed the env's fixed bound of {MAX_TURNS} turns",
+            path=task.path,
+            field="steps",
+            rule="GYM-3",
+        )
+
+
+class HarborEnv(gym.Env[dict, Any]):
+    """One Harbor task folder as a Gymnasium env; each ``step`` is one turn (SPEC §1).
+
+    Args:
+        task_or_path: a loaded ``Task`` or the path of a task folder (loaded and validated now, GYM-1).
+        config: an `EnvConfig` or a plain ``dict`` of its fields.
+        agent: the agent announced for every episode (GYM-4); ``reset(options={"agent": a})`` overrides it.
+        render_mode: ``None`` or ``"ansi"``.
+        sandbox_factory: how sandboxes are made (default: ``harbor_gym.sandbox.open`` with ``config.backend``).
+        path: the task folder, as a keyword (the registered id ``harbor_gym/HarborTask-v0`` passes it so).
+
+    Raises:
+        TaskLoadError: the folder is refused (SPEC §3). No sandbox starts here.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        task_or_path: Any = None,
+        config: EnvConfig | Mapping[str, Any] | None = None,
+        agent: Any = None,
+        render_mode: str | None = None,
+        *,
+        sandbox_factory: Callable | None = None,
+        path: str | Path | None = None,
+    ) -> None:
+        if (task_or_path is None) == (path is None):
+            raise ConfigError("give exactly one of task_or_path and path", field="HarborEnv")
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}", field="render_mode")
+        self.task = _as_task(task_or_path if task_or_path is not None else path)
+        _check_turn_bound(self.task)
+        self._init_common(config, agent, render_mode, sandbox_factory, with_task_id=False)
+
+    def _init_common(self, config, agent, render_mode, sandbox_factory, *, with_task_id: bool) -> None:
+        self.config = EnvConfig.coerce(dict(config) if isinstance(config, Mapping) else config)
+        self.agent = agent
+        self.render_mode = render_mode
+        self.observation_space = observation_space(with_task_id=with_task_id)
+        self.action_space = ScriptSpace()
+        self._with_task_id = with_task_id
+        self._sandbox_factory = sandbox_factory
+        self._episode = None
+        self._state = EnvState.UNSTARTED
+        self._last_record = None
+        self._last_result = None
+
+    # --- Gymnasium API ---------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
+        """Start a pristine episode: the previous one's sandboxes are stopped first (GYM-2).
+
+        Options: ``agent`` (announces the agent, GYM-4); for the dataset env also ``task`` (a task id).
+
+        Raises:
+            SeedRefusedError: LOAD-20..24, before any sandbox starts.
+            SeedError: the seed healthcheck failed or the sandbox stayed out after its retries (retryable).
+            ResetNeededError: the env is closed.
+        """
+        if self._state is EnvState.CLOSED:
+            raise ResetNeededError("the env is closed; make a new one", field="reset", rule="GYM-7")
+        super().reset(seed=seed)
+        self.action_space.seed(int(self.np_random.integers(0, 2**31 - 1)))
+        options = dict(options or {})
+        agent = options.pop("agent", self.agent)
+        task = self._select_task(options)
+        if options:
+            raise ConfigError(f"unknown reset option(s): {', '.join(sorted(options))}", field="reset(options)")
+        self._close_episode()
+        from harbor_gym.episode import Episode
+
+        episode = Episode(task, config=self.config, sandbox_factory=self._sandbox_factory, agent=agent)
+        try:
+            episode.start()
+        except BaseException:
+            episode.close()
+            raise
+        self._episode = episode
+        self._state = EnvState.RUNNING
+        self._last_record = None
+        self._last_result = None
+        return self._observation(), {"task_id": task.id, "num_turns": len(task.steps)}
+
+    def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
+        """Run exactly one turn (GYM-6): ``action`` is a script, ``Oracle()`` or an agent object (GYM-4).
+
+        Returns ``(obs, reward, terminated, truncated, info)`` with the turn reward as a Python ``float`` (0.0 for
+        measured-0, masked and ungraded turns), ``info["turn"]`` the TurnRecord, and on the ending call
+        ``info["episode_result"]``. An outage or a passed deadline is ``truncated=True`` (GYM-7, STOP-8, BUD-8).
+
+        Raises:
+            ResetNeededError: no episode is running (before ``reset`` or after its end; GYM-7).
+        """
+        if self._state is not EnvState.RUNNING or self._episode is None:
+            raise ResetNeededError(
+                "step() needs a running episode: call reset() first"
+                if self._state is not EnvState.OVER
+                else "the episode is over: call reset() to start a new one",
+                field="step",
+                rule="GYM-7",
+            )
+        result = self._episode.run_turn(action)
+        record = result.record
+        self._last_record = record
+        info: dict[str, Any] = {"turn": record}
+        terminated, truncated = bool(result.terminated), bool(result.truncated)
+        if result.episode is not None or terminated or truncated:
+            self._last_result = result.episode if result.episode is not None else self._episode.result()
+            info["episode_result"] = self._last_result
+            self._state = EnvState.OVER
+            # STOP-10: the episode's sandboxes stop with the episode, not at the next reset.
+            self._close_episode()
+        reward = record.reward if isinstance(record.reward, (int, float)) and not record.masked else 0.0
+        return self._observation(), float(reward), terminated, truncated, info
+
+    def render(self) -> str | None:
+        """``ansi``: a readable text of the current turn and the last result; ``None`` otherwise."""
+        if self.render_mode != "ansi":
+            return None
+        obs = self._observation() if self._state is not EnvState.UNSTARTED else None
+        lines = [f"task {self._current_task().id}: {self._state.value}"]
+        if obs is not None:
+            lines.append(f"turn {obs['turn_index'] + 1}/{obs['num_turns']} step {obs['step_name']!r}")
+            if obs["instruction"]:
+                lines.append("instruction:\n  " + obs["instruction"].strip().replace("\n", "\n  "))
+        if self._last_record is not None:
+            rec = self._last_record
+            lines.append(
+                f"last turn {rec.step_name!r}: reward {rec.reward} verifier {dict(rec.verifier_rewards)}"
+                + (f" failure {rec.failure_kind}" if rec.failure_kind else "")
+            )
+        if self._last_result is not None:
+            res = self._last_result
+            lines.append(f"episode: reward {res.reward} ({res.strategy}) stopped_after_turn {res.stopped_after_turn}")
+        return "\n".join(lines) + "\n"
+
+    def close(self) -> None:
+        """Stop every sandbox of the env (GYM-7). Idempotent; the env cannot be reset afterwards."""
+        try:
+            self._close_episode()
+        finally:
+            self._state = EnvState.CLOSED
+            super().close()
+
+    # --- internals -------------------------------------------------------------------------------------
+    def _select_task(self, options: dict[str, Any]):
+        return self.task
+
+    def _current_task(self):
+        return self.task
+
+    def _close_episode(self) -> None:
+        episode, self._episode = self._episode, None
+        if episode is not None:
+            episode.close()
+
+    def _observation(self) -> dict[str, Any]:
+        """GYM-3: the next turn's observation, or at the end ``instruction=""`` and the last turn that ran."""
+        task = self._current_task()
+        obs: dict[str, Any]
+        if self._state is EnvState.RUNNING and self._episode is not None and self._episode.next_step is not None:
+            step = self._episode.next_step
+            obs = {
+                "step_name": step.name,
+                "turn_index": int(step.index),
+                "num_turns": len(task.steps),
+                "instruction": self._episode.next_instruction,
+            }
+        else:
+            last = self._last_record
+            obs = {
+                "step_name": last.step_name if last is not None else task.steps[0].name,
+                "turn_index": int(last.index + 1) if last is not None else 0,
+                "num_turns": len(task.steps),
+                "instruction": "",
+            }
+        if self._with_task_id:
+            obs["task_id"] = task.id
+        return obs
+
+
+class HarborDatasetEnv(HarborEnv):
+    """A folder of task folders as one env: each ``reset`` picks a task (SPEC GYM-1 per task).
+
+    The task is drawn with ``np_random`` (reproducible under ``reset(seed=...)``) or named by
+    ``reset(options={"task": id})``. Observations carry ``task_id``. Tasks that fail to load are kept in
+    ``failures`` and never drawn.
+
+    Raises:
+        TaskLoadError: the dataset's own settings are refused (LOAD-16) or no task loads.
+    """
+
+    def __init__(
+        self,
+        dataset_or_path: Any = None,
+        config: EnvConfig | Mapping[str, Any] | None = None,
+        agent: Any = None,
+        render_mode: str | None = None,
+        *,
+        sandbox_factory: Callable | None = None,
+        path: str | Path | None = None,
+    ) -> None:
+        from harbor_gym.task import Dataset, load_dataset
+
+        if (dataset_or_path is None) == (path is None):
+            raise ConfigError("give exactly one of dataset_or_path and path", field="HarborDatasetEnv")
+        source = dataset_or_path if dataset_or_path is not None else path
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}", field="render_mode")
+        self.dataset = source if isinstance(source, Dataset) else load_dataset(Path(source))
+        self.failures = dict(self.dataset.failures)
+        if not self.dataset.tasks:
+            raise TaskLoadError("no task of the dataset loads", path=self.dataset.path, rule="LOAD-1")
+        self.task_ids = sorted(self.dataset.tasks)
+        for task_id in self.task_ids:
+            _check_turn_bound(self.dataset.tasks[task_id])
+        self.task = self.dataset.tasks[self.task_ids[0]]
+        self._init_common(config, agent, render_mode, sandbox_factory, with_task_id=True)
+
+    def _select_task(self, options: dict[str, Any]):
+        wanted = options.pop("task", None)
+        if wanted is None:
+            wanted = self.task_ids[int(self.np_random.integers(0, len(self.task_ids)))]
+        elif wanted not in self.dataset.tasks:
+            raise ConfigError(
+                f"no task {wanted!r} in the dataset (known: {', '.join(self.task_ids)})", field="reset(options.task)"
+            )
+        self.task = self.dataset.tasks[wanted]
+        return self.task

@@ -1,0 +1,58 @@
+"""Gymnasium registration: generic ids for any task or dataset folder, one id per shipped example, and `make`.
+
+Ids (all ``nondeterministic=True``: a sandbox is a real system, SPEC GYM-1):
+- ``harbor_gym/HarborTask-v0`` (kwarg ``path``: a task folder),
+- ``harbor_gym/HarborDataset-v0`` (kwarg ``path``: a folder of task folders),
+- ``harbor_gym/<example>-v0`` for each folder of ``envs/`` shipped with the package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+__all__ = ["register_envs", "make", "TASK_ID", "DATASET_ID", "example_id"]
+
+TASK_ID = "harbor_gym/HarborTask-v0"
+DATASET_ID = "harbor_gym/HarborDataset-v0"
+
+
+def example_id(name: str) -> str:
+    """The Gymnasium id of the shipped example ``name``."""
+    return f"harbor_gym/{name}-v0"
+
+
+def _register(env_id: str, entry_point: str, **kwargs: Any) -> None:
+    if env_id in gym.registry:
+        return
+    gym.register(id=env_id, entry_point=entry_point, nondeterministic=True, kwargs=kwargs or {})
+
+
+def register_envs() -> None:
+    """Register the generic ids and every shipped example (idempotent)."""
+    from harbor_gym.examples import example_names, examples_dir
+
+    _register(TASK_ID, "harbor_gym.env:HarborEnv")
+    _register(DATASET_ID, "harbor_gym.env:HarborDatasetEnv")
+    try:
+        root = examples_dir()
+        names = example_names()
+    except FileNotFoundError:
+        return
+    for name in names:
+        _register(example_id(name), "harbor_gym.env:HarborEnv", path=str(root / name))
+
+
+def make(path_or_id: str | Path, **kwargs: Any) -> gym.Env:
+    """The short way to an env: a task folder, a folder of task folders, or a registered id.
+
+    ``harbor_gym.make("envs/cake")`` is ``gymnasium.make("harbor_gym/HarborTask-v0", path="envs/cake")``.
+    """
+    register_envs()
+    path = Path(path_or_id)
+    if path.is_dir():
+        env_id = TASK_ID if (path / "task.toml").is_file() else DATASET_ID
+        return gym.make(env_id, path=str(path), **kwargs)
+    return gym.make(str(path_or_id), **kwargs)
