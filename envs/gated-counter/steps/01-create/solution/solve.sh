@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+echo 1 > /app/counter.txt
