@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+cp /app/report.txt /app/site/report.txt
