@@ -1,1 +1,50 @@
-"""harbor_gym.agents."""
+"""harbor_gym.agents: what an action can be — a bash script (``str``), the `Oracle`, or any object with
+``run(turn) -> AgentOutcome`` (SPEC GYM-4, GYM-5, ORACLE-1/2), and the ATIF trajectory document (VER-10)."""
+
+from harbor_gym.agents._atif import ATIF_VERSION, TrajectoryError, build_trajectory, validate_trajectory
+from harbor_gym.agents._oracle import Oracle
+from harbor_gym.agents._outcome import AgentOutcome, AgentOutcomePolicy, AgentStatus
+from harbor_gym.agents._protocol import (
+    Agent,
+    HarnessSession,
+    agent_identity,
+    agent_timeout_cap,
+    is_agent,
+    supports_continue,
+)
+from harbor_gym.agents._script import ScriptAgent
+from harbor_gym.agents._turn import Turn
+
+__all__ = [
+    "Agent",
+    "AgentOutcome",
+    "AgentOutcomePolicy",
+    "AgentStatus",
+    "HarnessSession",
+    "Oracle",
+    "ScriptAgent",
+    "Turn",
+    "ATIF_VERSION",
+    "TrajectoryError",
+    "build_trajectory",
+    "validate_trajectory",
+    "agent_identity",
+    "agent_timeout_cap",
+    "is_agent",
+    "supports_continue",
+    "as_agent",
+]
+
+
+def as_agent(action: object) -> Agent:
+    """GYM-4: the agent an action stands for (a ``str`` becomes a `ScriptAgent`).
+
+    Raises:
+        TypeError: ``action`` is neither a ``str`` nor an object with a callable ``run``.
+    """
+    if isinstance(action, str):
+        return ScriptAgent(action)
+    if is_agent(action):
+        return action  # type: ignore[return-value]
+    raise TypeError(f"an action must be a str, Oracle() or an object with run(turn); got {type(action).__name__} "
+                    "(GYM-4)")

@@ -1,0 +1,98 @@
+"""`Turn`: what an agent receives for one activation — the instruction, its user, budget and a bound ``exec``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+from harbor_gym.sandbox.base import ExecResult
+
+__all__ = ["Turn", "ExecFn"]
+
+#: ``exec(command, *, timeout, user, env, cwd, stdin) -> ExecResult``: a `Sandbox.exec`-shaped callable.
+ExecFn = Callable[..., ExecResult]
+
+
+@dataclass(frozen=True, eq=False)
+class Turn:
+    """One activation's view of the episode (GYM-4). Built by the turn engine, never by users.
+
+    Attributes:
+        step_name: the step this turn runs.
+        index: 0-based turn index.
+        num_steps: how many steps the task declares.
+        instruction: exactly what the agent receives (TURN-9).
+        user: the step's agent user (USR-1); ``None``: the image's default user.
+        budget_sec: the turn's agent budget (BUD-1); ``None``: unbounded.
+        workdir: the working folder of every command.
+        session: the harness session of a continued episode (SES-3), else ``None``.
+        solution_env: ``[solution].env`` (FMT-15 applied) for the oracle (ORACLE-2); secrets: never logged.
+        env: variables every command of this turn gets (e.g. ``HARBOR_STEP_NAME``).
+    """
+
+    step_name: str
+    index: int
+    num_steps: int
+    instruction: str
+    user: str | None
+    budget_sec: float | None
+    workdir: str
+    _exec_fn: ExecFn = field(repr=False)
+    _deadline: float | None = field(repr=False, default=None)
+    session: Any = None
+    solution_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    env: Mapping[str, str] = field(default_factory=dict)
+    _expired: list = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "solution_env", MappingProxyType(dict(self.solution_env)))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+    @property
+    def time_left_sec(self) -> float | None:
+        """Seconds left of the agent budget (never negative); ``None`` when unbounded."""
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - time.monotonic())
+
+    @property
+    def is_expired(self) -> bool:
+        """True once the budget is spent or the engine has stopped this activation (GYM-5)."""
+        if self._expired:
+            return True
+        left = self.time_left_sec
+        return left is not None and left <= 0.0
+
+    def expire(self) -> None:
+        """Engine-side: stop this activation; later `exec` calls return a timed-out result at once."""
+        self._expired.append(True)
+
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run ``command`` in the sandbox as the turn's agent user, bounded by ``timeout`` and the time left.
+
+        A ``str`` runs through ``/bin/sh -c``; a sequence is argv. ``env`` is laid over the turn's ``env``.
+
+        Returns:
+            The `ExecResult`; ``timed_out`` is set when the command hit its bound (or the budget was already
+            spent, without running anything).
+
+        Raises:
+            SandboxError: the sandbox is out (the engine turns this into an outage, STOP-8).
+        """
+        if self.is_expired:
+            return ExecResult(exit_code=-1, stderr="harbor_gym: agent budget spent", timed_out=True)
+        left = self.time_left_sec
+        bound = timeout if left is None else (left if timeout is None else min(timeout, left))
+        merged = {**self.env, **(env or {})}
+        return self._exec_fn(command, timeout=bound, user=self.user, env=merged, cwd=cwd or self.workdir,
+                             stdin=stdin)

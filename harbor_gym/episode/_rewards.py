@@ -1,0 +1,104 @@
+"""Pure reward-file deciders: parse ``reward.json``/``reward.txt`` (SPEC RWD-1..4, DIFF-20) and the turn reward
+(RWD-5). No I/O: the engine reads the files and hands their text here."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["RewardReading", "parse_reward_txt", "parse_reward_json", "read_reward_files", "turn_reward"]
+
+
+@dataclass(frozen=True)
+class RewardReading:
+    """What the reward files of one verification say.
+
+    Attributes:
+        valid: a valid reward file was found (RWD-1..3).
+        rewards: the verifier rewards (``{}`` when not valid).
+        source: ``"reward.json"``, ``"reward.txt"`` or ``None`` (no file).
+        problem: why the file was refused, for logs; ``None`` when valid or absent.
+    """
+
+    valid: bool
+    rewards: Mapping[str, float]
+    source: str | None = None
+    problem: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rewards", dict(self.rewards))
+
+
+def parse_reward_txt(text: str) -> float | None:
+    """RWD-2: the value of a ``reward.txt`` text, or ``None`` if invalid (empty, not a float, not finite)."""
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def parse_reward_json(text: str, *, booleans_are_numbers: bool = False) -> dict[str, float] | None:
+    """RWD-3: the rewards of a ``reward.json`` text, or ``None`` if invalid.
+
+    Valid iff it is a JSON object with at least one key whose values are all finite JSON numbers (not booleans,
+    strings, nulls, arrays, objects, ``NaN``, ``Infinity`` or numbers overflowing a float). With
+    ``booleans_are_numbers`` (DIFF-20, Harbor) ``true``/``false`` count as 1/0.
+    """
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not data:
+        return None
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        if isinstance(value, bool):
+            if not booleans_are_numbers:
+                return None
+            out[key] = float(value)
+            continue
+        if not isinstance(value, (int, float)):
+            return None
+        try:
+            number = float(value)
+        except OverflowError:
+            return None
+        if not math.isfinite(number):
+            return None
+        out[key] = number
+    return out
+
+
+def read_reward_files(
+    reward_json: str | None, reward_txt: str | None, *, booleans_are_numbers: bool = False
+) -> RewardReading:
+    """RWD-1: ``reward.json`` if it exists (``None`` = absent), else ``reward.txt``; an invalid ``reward.json`` never
+    falls back to ``reward.txt``."""
+    if reward_json is not None:
+        rewards = parse_reward_json(reward_json, booleans_are_numbers=booleans_are_numbers)
+        if rewards is None:
+            return RewardReading(False, {}, "reward.json", "reward.json is not an object of finite numbers (RWD-3)")
+        return RewardReading(True, rewards, "reward.json")
+    if reward_txt is not None:
+        value = parse_reward_txt(reward_txt)
+        if value is None:
+            return RewardReading(False, {}, "reward.txt", "reward.txt is not one finite number (RWD-2)")
+        return RewardReading(True, {"reward": value}, "reward.txt")
+    return RewardReading(False, {}, None, "no reward file in /logs/verifier (RWD-1)")
+
+
+def turn_reward(rewards: Mapping[str, float]) -> float:
+    """RWD-5: ``rewards["reward"]`` when present, else ``0.0``."""
+    value = rewards.get("reward")
+    return float(value) if value is not None else 0.0
+
+
