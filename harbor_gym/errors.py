@@ -14,6 +14,7 @@ __all__ = [
     "HarborGymError",
     "TaskLoadError",
     "SeedRefusedError",
+    "EnvTemplateError",
     "SeedError",
     "SandboxError",
     "SandboxUnavailableError",
@@ -89,6 +90,28 @@ class TaskLoadError(HarborGymError, ValueError):
 
 class SeedRefusedError(HarborGymError):
     """``reset()`` refuses the task before any sandbox starts (SPEC LOAD-20..24). Never retryable."""
+
+
+class EnvTemplateError(SeedRefusedError):
+    """An FMT-15 env template names a host variable that is unset and has no default (SPEC LOAD-23).
+
+    Attributes:
+        variable: the host variable's name (``field`` is the env key holding the template).
+    """
+
+    def __init__(self, message: str, *, variable: str | None = None, **kwargs) -> None:
+        self.variable = variable
+        super().__init__(message, **kwargs)
+
+    def __reduce__(self):
+        rebuild, args = super().__reduce__()
+        return (_rebuild_template_error, (rebuild, args, self.variable))
+
+
+def _rebuild_template_error(rebuild, args, variable):
+    obj = rebuild(*args)
+    obj.variable = variable
+    return obj
 
 
 class SeedError(HarborGymError):

@@ -1,0 +1,92 @@
+"""Pure text helpers of the task layer: FMT-2 canary stripping and FMT-15 env templates."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from harbor_gym.errors import EnvTemplateError
+
+__all__ = ["strip_canary", "resolve_env_templates", "is_env_template"]
+
+_TEMPLATE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?\}$", re.DOTALL)
+
+
+def _is_blank(line: str) -> bool:
+    return not line.strip()
+
+
+def strip_canary(text: str) -> str:
+    """FMT-2: drop the leading canary lines and the blank lines after them.
+
+    A canary line is a ``#`` line containing "canary" (any case), or an HTML comment (``<!-- ... -->``, possibly
+    spanning lines) whose text contains "canary". Only the leading run counts: blank lines may sit between canary
+    lines; the first other line ends the run. Without a canary the text is returned unchanged.
+    """
+    lines = text.splitlines(keepends=True)
+    i = 0
+    cut = 0
+    while i < len(lines):
+        stripped = lines[i].strip()
+        if _is_blank(lines[i]):
+            i += 1
+            continue
+        if stripped.startswith("#") and "canary" in stripped.lower():
+            i += 1
+            cut = i
+            continue
+        if stripped.startswith("<!--"):
+            j = i
+            while j < len(lines) and "-->" not in lines[j]:
+                j += 1
+            if j == len(lines):
+                break
+            comment = "".join(lines[i : j + 1])
+            tail = lines[j].split("-->", 1)[1]
+            if "canary" in comment.lower() and not tail.strip():
+                i = j + 1
+                cut = i
+                continue
+        break
+    if cut == 0:
+        return text
+    while cut < len(lines) and _is_blank(lines[cut]):
+        cut += 1
+    return "".join(lines[cut:])
+
+
+def is_env_template(value: str) -> bool:
+    """FMT-15: whether ``value`` is exactly ``${VAR}`` or ``${VAR:-default}``."""
+    return _TEMPLATE.match(value) is not None
+
+
+def resolve_env_templates(env: Mapping[str, str], host_env: Mapping[str, str]) -> dict[str, str]:
+    """FMT-15: resolve env values that are exactly ``${VAR}`` / ``${VAR:-default}`` against ``host_env``.
+
+    ``${VAR}`` takes ``host_env[VAR]`` (an empty value counts as set); ``${VAR:-default}`` takes ``host_env[VAR]``
+    when set and non-empty, else ``default`` (shell semantics). Any other value is kept literally.
+
+    Raises:
+        EnvTemplateError: LOAD-23, naming the variable (``.variable``) and the env key (``field``), when ``${VAR}``
+            names a variable unset on the host. Nothing is resolved then.
+    """
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        match = _TEMPLATE.match(value) if isinstance(value, str) else None
+        if match is None:
+            out[key] = value
+            continue
+        var, default = match.group(1), match.group(2)
+        if default is not None:
+            host = host_env.get(var)
+            out[key] = host if host else default
+        elif var in host_env:
+            out[key] = host_env[var]
+        else:
+            raise EnvTemplateError(
+                f"host variable {var} is unset and the template has no default; set it or write ${{{var}:-default}}",
+                field=key,
+                rule="LOAD-23",
+                variable=var,
+            )
+    return out

@@ -1,0 +1,194 @@
+"""Reading and writing ``task.toml``: TOML parsing, legacy migration (FMT-13), unknown keys (FMT-14), error mapping.
+
+This is the only place where pydantic's ``ValidationError`` is caught: every failure becomes a ``TaskLoadError``
+naming the file, the field path (``steps[1].verifier.timeout_sec``, ``environment.memory_mb``) and the rule.
+"""
+
+from __future__ import annotations
+
+import tomllib
+import typing
+import warnings
+from pathlib import Path
+from typing import Any, TypeVar
+
+import tomli_w
+from pydantic import BaseModel, ValidationError
+
+from harbor_gym.errors import TaskLoadError
+from harbor_gym.task.legacy import migrate_legacy
+from harbor_gym.task.models import DatasetSettings, RuleViolation, TaskConfig
+
+__all__ = [
+    "UnknownKeyWarning",
+    "LegacyKeyWarning",
+    "parse_task_toml",
+    "task_config_from_dict",
+    "dump_task_toml",
+    "parse_settings_toml",
+    "find_unknown_keys",
+    "format_field_path",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class UnknownKeyWarning(UserWarning):
+    """FMT-14: a ``task.toml`` (or ``dataset.toml``) holds keys harbor_gym does not know; they are ignored."""
+
+
+class LegacyKeyWarning(DeprecationWarning):
+    """FMT-13: a ``task.toml`` uses legacy keys; they were migrated (dump the config to get the current form)."""
+
+
+def format_field_path(parts: list[str | int] | tuple[str | int, ...]) -> str:
+    """``("steps", 1, "verifier", "timeout_sec")`` -> ``"steps[1].verifier.timeout_sec"``."""
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
+def _split_field(field: str | None) -> list[str | int]:
+    if not field:
+        return []
+    return [int(p) if p.isdigit() else p for p in field.split(".")]
+
+
+def _walk_type(tp: Any, value: Any, path: list[str | int], out: list[str]) -> None:
+    """Collect unknown keys of ``value`` read as type ``tp`` (models recurse; free dicts are not walked)."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        _walk_type(typing.get_args(tp)[0], value, path, out)
+        return
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        if isinstance(value, dict):
+            _walk_model(tp, value, path, out)
+        return
+    if origin in (tuple, list) and isinstance(value, list):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        if args:
+            for i, item in enumerate(value):
+                _walk_type(args[0], item, [*path, i], out)
+        return
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        for arg in typing.get_args(tp):
+            arg_origin = typing.get_origin(arg)
+            if isinstance(value, dict) and isinstance(arg, type) and issubclass(arg, BaseModel):
+                _walk_type(arg, value, path, out)
+                return
+            if isinstance(value, list) and arg_origin in (tuple, list):
+                _walk_type(arg, value, path, out)
+                return
+
+
+def _walk_model(model: type[BaseModel], data: dict[str, Any], path: list[str | int], out: list[str]) -> None:
+    fields = model.model_fields
+    for key, value in data.items():
+        if key not in fields:
+            out.append(format_field_path([*path, key]))
+        else:
+            _walk_type(fields[key].annotation, value, [*path, key], out)
+
+
+def find_unknown_keys(model: type[BaseModel], data: dict[str, Any]) -> list[str]:
+    """FMT-14: the field paths of every key of ``data`` that ``model`` (recursively) does not declare."""
+    out: list[str] = []
+    _walk_model(model, data, [], out)
+    return out
+
+
+def _clean_loc(loc: tuple[Any, ...], data: Any, missing: bool) -> list[str | int]:
+    """Keep the parts of a pydantic error location that index the input (drop union-member tags)."""
+    parts: list[str | int] = []
+    cur = data
+    for i, item in enumerate(loc):
+        if isinstance(item, int) and isinstance(cur, list) and 0 <= item < len(cur):
+            parts.append(item)
+            cur = cur[item]
+        elif isinstance(item, str) and isinstance(cur, dict) and item in cur:
+            parts.append(item)
+            cur = cur[item]
+        elif isinstance(item, str) and isinstance(cur, dict) and missing and i == len(loc) - 1:
+            parts.append(item)
+    return parts
+
+
+def _load_error(exc: ValidationError, data: dict[str, Any], path: Path, what: str) -> TaskLoadError:
+    err = exc.errors()[0]
+    cause = (err.get("ctx") or {}).get("error")
+    parts = _clean_loc(tuple(err["loc"]), data, err["type"] == "missing")
+    if isinstance(cause, RuleViolation):
+        field = format_field_path([*parts, *_split_field(cause.field)])
+        return TaskLoadError(cause.message, path=path, field=field or what, rule=cause.rule)
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] != "missing":
+        shown = repr(err.get("input"))
+        message += f" (got {shown[:80]})"
+    more = len(exc.errors()) - 1
+    if more:
+        message += f"; {more} more error(s)"
+    return TaskLoadError(message, path=path, field=format_field_path(parts) or what, rule="LOAD-1")
+
+
+def _validate(model: type[M], data: dict[str, Any], path: Path, what: str) -> M:
+    unknown = find_unknown_keys(model, data)
+    if unknown:
+        warnings.warn(
+            UnknownKeyWarning(f"{path}: unknown keys ignored (FMT-14): {', '.join(unknown)}"), stacklevel=4
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _load_error(exc, data, path, what) from exc
+
+
+def task_config_from_dict(raw: dict[str, Any], *, path: Path) -> TaskConfig:
+    """Validate raw TOML data as a ``TaskConfig`` (FMT-13 migration first, then one FMT-14 warning if needed).
+
+    Raises:
+        TaskLoadError: LOAD-1/2/7..12/15 with ``path`` (the task.toml), the field path and the rule.
+    """
+    try:
+        data, legacy = migrate_legacy(raw)
+    except RuleViolation as exc:
+        raise TaskLoadError(exc.message, path=path, field=format_field_path(_split_field(exc.field)), rule=exc.rule) from exc
+    if legacy:
+        names = ", ".join(format_field_path(_split_field(key)) for key in legacy)
+        warnings.warn(LegacyKeyWarning(f"{path}: legacy keys migrated (FMT-13): {names}"), stacklevel=3)
+    return _validate(TaskConfig, data, path, "task.toml")
+
+
+def _read_toml(path: Path, rule: str) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise TaskLoadError("file missing", path=path, rule=rule) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskLoadError(f"cannot read: {exc}", path=path, rule=rule) from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskLoadError(f"not valid TOML: {exc}", path=path, rule=rule) from exc
+
+
+def parse_task_toml(path: Path) -> TaskConfig:
+    """Read and validate one ``task.toml`` file.
+
+    Raises:
+        TaskLoadError: the file is missing, not UTF-8 TOML (LOAD-1), or breaks a rule of §2/§3.
+    """
+    return task_config_from_dict(_read_toml(path, "LOAD-1"), path=path)
+
+
+def parse_settings_toml(path: Path) -> DatasetSettings:
+    """Read and validate a dataset's ``dataset.toml`` (LOAD-16 for the multiplier, LOAD-1 for anything else)."""
+    return _validate(DatasetSettings, _read_toml(path, "LOAD-1"), path, "dataset.toml")
+
+
+def dump_task_toml(config: TaskConfig) -> str:
+    """``task.toml`` text for ``config``: loading it gives a config equal to ``config`` (legacy keys migrated)."""
+    return tomli_w.dumps(config.to_toml_dict())
