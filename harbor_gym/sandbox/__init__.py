@@ -1,1 +1,120 @@
-"""harbor_gym.sandbox."""
+"""harbor_gym.sandbox: where commands run. `open` a `Sandbox` for a `SandboxSpec` on a backend.
+
+Backends: ``docker`` (`DockerSandbox`, the Docker engine through the SDK) and ``local`` (bubblewrap over an unpacked
+root filesystem, `harbor_gym.sandbox.local.LocalSandbox`, imported lazily). ``backend`` is the one name of this
+choice everywhere (this API, ``EnvConfig.backend``, the CLI): ``"auto"`` takes docker when an engine answers, else
+local.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+
+from harbor_gym.errors import SandboxUnavailableError
+from harbor_gym.sandbox._engine import count_requests, engine_answers, RequestCounter
+from harbor_gym.sandbox.base import (
+    MANAGED_LABEL,
+    RUN_LABEL,
+    ExecResult,
+    Sandbox,
+    SandboxSettings,
+    SandboxSpec,
+    SandboxState,
+    truncate_output,
+)
+from harbor_gym.sandbox.docker_backend import DockerSandbox
+
+__all__ = [
+    "open",
+    "create",
+    "choose_backend",
+    "BACKENDS",
+    "Sandbox",
+    "SandboxSpec",
+    "SandboxSettings",
+    "SandboxState",
+    "ExecResult",
+    "DockerSandbox",
+    "MANAGED_LABEL",
+    "RUN_LABEL",
+    "truncate_output",
+    "count_requests",
+    "RequestCounter",
+]
+
+log = logging.getLogger("harbor_gym.sandbox")
+
+#: The backend names ``backend=`` accepts.
+BACKENDS = ("auto", "docker", "local")
+
+_choice_lock = threading.Lock()
+_auto_choice: str | None = None
+
+
+def choose_backend(backend: str = "auto") -> str:
+    """The concrete backend for ``backend``: ``"auto"`` -> ``"docker"`` if a Docker engine answers a ping (asked
+    once per process), else ``"local"``; logs the choice at INFO. ``"docker"``/``"local"`` are returned as given.
+
+    Raises:
+        SandboxUnavailableError: an unknown backend name.
+    """
+    global _auto_choice
+    name = getattr(backend, "value", backend)
+    if name not in BACKENDS:
+        raise SandboxUnavailableError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}", field="backend")
+    if name != "auto":
+        return name
+    with _choice_lock:
+        if _auto_choice is None:
+            reason = engine_answers()
+            _auto_choice = "docker" if reason is None else "local"
+            if reason is None:
+                log.info("sandbox backend auto -> docker (a Docker engine answers)")
+            else:
+                log.info("sandbox backend auto -> local (no Docker engine: %s)", reason)
+        return _auto_choice
+
+
+def _default_settings() -> SandboxSettings:
+    from harbor_gym.config import EnvConfig
+
+    return SandboxSettings.from_config(EnvConfig())
+
+
+def create(spec: SandboxSpec, *, backend: str = "auto", settings: SandboxSettings | None = None) -> Sandbox:
+    """An unstarted sandbox for ``spec`` on ``backend`` (see `choose_backend`); nothing runs yet.
+
+    Raises:
+        SandboxUnavailableError: the backend is unknown or not available here.
+    """
+    chosen = choose_backend(backend)
+    settings = settings or _default_settings()
+    if chosen == "docker":
+        return DockerSandbox(spec, settings)
+    try:
+        local = importlib.import_module("harbor_gym.sandbox.local")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("harbor_gym.sandbox.local"):
+            raise SandboxUnavailableError("the local (bubblewrap) backend is not available in this build",
+                                          field="backend") from exc
+        raise
+    return local.LocalSandbox(spec, settings)
+
+
+def open(spec: SandboxSpec, *, backend: str = "auto", settings: SandboxSettings | None = None) -> Sandbox:  # noqa: A001
+    """Create and start a sandbox for ``spec``. Use it as a context manager (``with sandbox.open(spec) as sb:``).
+
+    Returns a running `Sandbox`. After a raise nothing of it is left running.
+
+    Raises:
+        SandboxUnavailableError, ImageError, SandboxError: as `Sandbox.start`.
+    """
+    sandbox = create(spec, backend=backend, settings=settings)
+    try:
+        sandbox.start()
+    except BaseException:
+        sandbox.stop()
+        raise
+    return sandbox

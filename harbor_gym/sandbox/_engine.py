@@ -1,0 +1,149 @@
+"""The Docker engine connection: one shared SDK client per process, the engine probe, request counting and the
+one place where Docker SDK errors become harbor_gym errors.
+
+Library code talks to the engine only through the Docker SDK (never the docker CLI).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from harbor_gym.errors import SandboxError, SandboxPathError, SandboxUnavailableError
+
+if TYPE_CHECKING:
+    import docker
+
+__all__ = ["get_client", "engine_answers", "RequestCounter", "count_requests", "translate_error", "engine_info"]
+
+log = logging.getLogger("harbor_gym.sandbox")
+
+_lock = threading.Lock()
+_client: "docker.DockerClient | None" = None
+_client_pid: int | None = None
+_probe: dict[int, str | None] = {}
+_info: dict[int, dict] = {}
+
+#: Bound of ordinary engine requests (builds and execs carry their own bounds).
+REQUEST_TIMEOUT_S = 120.0
+
+
+def get_client() -> "docker.DockerClient":
+    """The process's shared Docker SDK client (from the environment: ``DOCKER_HOST`` etc.), created on first use.
+
+    A forked child gets its own client (sockets are not shared across a fork).
+
+    Raises:
+        SandboxUnavailableError: the Docker SDK cannot build a client (no engine configured).
+    """
+    global _client, _client_pid
+    with _lock:
+        if _client is None or _client_pid != os.getpid():
+            import docker
+
+            try:
+                _client = docker.from_env(timeout=int(REQUEST_TIMEOUT_S), max_pool_size=64)
+            except docker.errors.DockerException as exc:
+                raise SandboxUnavailableError(f"no Docker engine: {exc}", field="backend", retryable=True) from exc
+            _client_pid = os.getpid()
+        return _client
+
+
+def engine_answers(client: "docker.DockerClient | None" = None) -> str | None:
+    """``None`` if a Docker engine answers a ping, else the reason why not. Cached per process (and client)."""
+    key = id(client) if client is not None else os.getpid()
+    with _lock:
+        if key in _probe:
+            return _probe[key]
+    try:
+        import docker
+
+        probe_client = client or docker.from_env(timeout=5)
+        try:
+            probe_client.ping()
+        finally:
+            if client is None:
+                probe_client.close()
+        reason = None
+    except Exception as exc:  # any failure to reach the engine means "no engine here"
+        reason = f"{type(exc).__name__}: {exc}"
+    with _lock:
+        _probe[key] = reason
+    return reason
+
+
+def engine_info(client: "docker.DockerClient") -> dict:
+    """``docker info`` of the engine behind ``client`` (cached per client)."""
+    key = id(client)
+    with _lock:
+        cached = _info.get(key)
+    if cached is None:
+        cached = client.api.info()
+        with _lock:
+            _info[key] = cached
+    return cached
+
+
+@dataclass
+class RequestCounter:
+    """Counts the HTTP requests an SDK client sends to the engine (installed with `count_requests`)."""
+
+    count: int = 0
+    paths: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.count = 0
+            self.paths.clear()
+
+    def _hook(self, response: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.count += 1
+            try:
+                self.paths.append(f"{response.request.method} {response.request.path_url}")
+            except AttributeError:  # pragma: no cover - a response without its request
+                pass
+        return response
+
+
+def count_requests(client: "docker.DockerClient") -> RequestCounter:
+    """Install a counter of every HTTP request ``client`` sends to the engine and return it.
+
+    Works on the SDK's ``APIClient`` (a ``requests.Session``): a response hook sees every request, streaming ones
+    (attached execs, archives, builds) included.
+    """
+    counter = RequestCounter()
+    client.api.hooks.setdefault("response", []).append(counter._hook)
+    return counter
+
+
+def translate_error(exc: BaseException, *, what: str, sandbox: str | None = None, path: str | None = None) -> NoReturn:
+    """Raise the harbor_gym error for a Docker SDK / transport error ``exc`` raised while doing ``what``.
+
+    404 on a path -> `SandboxPathError`; 404 on the container -> `SandboxError` (the sandbox is gone);
+    connection failures -> `SandboxUnavailableError` (retryable); anything else -> `SandboxError`.
+    """
+    import docker.errors
+    import requests.exceptions
+
+    where = f"sandbox {sandbox}: " if sandbox else ""
+    if isinstance(exc, docker.errors.NotFound):
+        explanation = str(getattr(exc, "explanation", "") or exc)
+        if path is not None and "no such container" not in explanation.lower():
+            raise SandboxPathError(f"{where}{what}: no such path in the sandbox", path=path) from exc
+        raise SandboxError(f"{where}{what}: the sandbox is gone ({explanation})", retryable=True) from exc
+    if isinstance(exc, (requests.exceptions.ConnectionError, ConnectionError)):
+        raise SandboxUnavailableError(f"{where}{what}: the Docker engine does not answer ({exc})",
+                                      retryable=True) from exc
+    if isinstance(exc, (requests.exceptions.Timeout, TimeoutError)):
+        raise SandboxError(f"{where}{what}: the Docker engine did not answer in time ({exc})",
+                           retryable=True) from exc
+    if isinstance(exc, docker.errors.APIError):
+        explanation = str(getattr(exc, "explanation", "") or exc)
+        retry = exc.status_code is not None and (exc.status_code >= 500 or exc.status_code == 409)
+        raise SandboxError(f"{where}{what}: {explanation}", retryable=retry) from exc
+    raise SandboxError(f"{where}{what}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,306 @@
+"""Images for Docker sandboxes: named images through the alias table and the pull policy, and content-addressed,
+cached builds of build contexts.
+
+Named images: ``settings.image_aliases`` maps a public name to a local one (exact match, also with ``:latest``
+added); then the pull policy decides: ``never`` refuses a missing image without trying to pull, ``missing`` pulls
+only an absent one, ``always`` pulls.
+
+Builds: the context is tarred in memory (``.dockerignore`` honoured) with every ``FROM`` line of the Dockerfile
+rewritten through the alias table (so ``FROM debian:bookworm-slim`` builds offline); the image is tagged
+``harbor-gym/build:<hash16>`` from the content of that context and the alias table, labelled
+``io.harbor-gym.managed=true`` and ``io.harbor-gym.cache=build``, reused while unchanged and kept across runs
+(``harbor-gym gc --images`` removes them). A build is bounded by the spec's build timeout; a failure raises
+`ImageError` with the end of the build log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import tarfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+from harbor_gym.errors import ImageError, SandboxError
+from harbor_gym.sandbox.base import MANAGED_LABEL, SandboxSettings
+
+if TYPE_CHECKING:
+    import docker
+
+__all__ = [
+    "ImageInfo",
+    "CACHE_LABEL",
+    "BUILD_REPO",
+    "alias_of",
+    "rewrite_from_lines",
+    "resolve_image",
+    "build_image",
+    "ensure_image",
+    "forget",
+]
+
+#: Label marking harbor_gym's build cache images (value ``"build"``).
+CACHE_LABEL = "io.harbor-gym.cache"
+#: Repository of built images; the tag is the context's content hash.
+BUILD_REPO = "harbor-gym/build"
+
+_LOG_TAIL = 20
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What a sandbox needs to know of its image."""
+
+    ref: str
+    id: str
+    user: str
+    workdir: str
+
+
+_cache_lock = threading.Lock()
+_info_cache: dict[tuple[int, str], ImageInfo] = {}
+_build_locks: dict[str, threading.Lock] = {}
+
+
+def alias_of(name: str, aliases: Mapping[str, str]) -> str:
+    """``name`` through the alias table (exact match, else with ``:latest`` added when untagged)."""
+    if name in aliases:
+        return aliases[name]
+    last = name.rsplit("/", 1)[-1]
+    if ":" not in last and "@" not in last and f"{name}:latest" in aliases:
+        return aliases[f"{name}:latest"]
+    return name
+
+
+def _info_from_attrs(ref: str, attrs: dict) -> ImageInfo:
+    config = attrs.get("Config") or {}
+    return ImageInfo(ref=ref, id=attrs["Id"], user=config.get("User") or "root",
+                     workdir=config.get("WorkingDir") or "/")
+
+
+def _inspect(client: "docker.DockerClient", ref: str) -> ImageInfo | None:
+    import docker.errors
+
+    key = (id(client), ref)
+    with _cache_lock:
+        hit = _info_cache.get(key)
+    if hit is not None:
+        return hit
+    try:
+        attrs = client.api.inspect_image(ref)
+    except docker.errors.ImageNotFound:
+        return None
+    except docker.errors.DockerException as exc:
+        raise ImageError(f"cannot inspect image {ref}: {exc}", field="image", retryable=True) from exc
+    info = _info_from_attrs(ref, attrs)
+    with _cache_lock:
+        _info_cache[key] = info
+    return info
+
+
+def forget(client: "docker.DockerClient", ref: str) -> None:
+    """Drop the cached inspection of ``ref`` (after the engine said it is gone)."""
+    with _cache_lock:
+        _info_cache.pop((id(client), ref), None)
+
+
+def _pull(client: "docker.DockerClient", ref: str) -> None:
+    import docker.errors
+
+    repo, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+    try:
+        client.api.pull(repo, tag=tag or "latest")
+    except docker.errors.DockerException as exc:
+        raise ImageError(f"cannot pull image {ref}: {exc}", field="image", retryable=True) from exc
+    forget(client, ref)
+
+
+def resolve_image(client: "docker.DockerClient", name: str, settings: SandboxSettings) -> ImageInfo:
+    """The local image for the image name ``name`` (alias table, then pull policy).
+
+    Raises:
+        ImageError: the image is absent and the policy forbids or the pull fails (named, with the alias hint).
+    """
+    ref = alias_of(name, settings.image_aliases)
+    policy = settings.pull_policy
+    if policy == "always":
+        _pull(client, ref)
+    info = _inspect(client, ref)
+    if info is None and policy == "missing":
+        _pull(client, ref)
+        info = _inspect(client, ref)
+    if info is None:
+        shown = ref if ref == name else f"{ref} (alias of {name})"
+        raise ImageError(
+            f"image {shown} is not present on this engine and pull_policy is {policy!r}; build or load it, or map "
+            f"{name!r} to a local image in image_aliases (host settings file or EnvConfig.image_aliases)",
+            field="image",
+        )
+    return info
+
+
+# --- builds -------------------------------------------------------------------------------------------------
+
+_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+_AS = re.compile(r"\s+AS\s+(\S+)", re.IGNORECASE)
+
+
+def rewrite_from_lines(dockerfile: str, aliases: Mapping[str, str]) -> tuple[str, list[str]]:
+    """Rewrite each ``FROM <image>`` through ``aliases`` (``--platform`` flags and ``AS name`` kept; earlier
+    stage names, ``scratch`` and ``$ARG`` images left alone). Returns (new text, external base images)."""
+    stages: set[str] = set()
+    bases: list[str] = []
+    out = []
+    for line in dockerfile.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        m = _FROM.match(body)
+        if m is None:
+            out.append(line)
+            continue
+        head, flags, image, rest = m.groups()
+        if image.lower() not in stages and image != "scratch" and "$" not in image:
+            image = alias_of(image, aliases)
+            bases.append(image)
+        stage = _AS.match(rest)
+        if stage:
+            stages.add(stage.group(1).lower())
+        out.append(head + flags + image + rest + line[len(body):])
+    return "".join(out), bases
+
+
+def _context_files(context: Path, dockerfile: str) -> list[str]:
+    from docker.utils.build import exclude_paths
+
+    patterns: list[str] = []
+    ignore = context / ".dockerignore"
+    if ignore.is_file():
+        patterns = [ln.strip() for ln in ignore.read_text(encoding="utf-8").splitlines()
+                    if ln.strip() and not ln.strip().startswith("#")]
+    return sorted(exclude_paths(str(context), patterns, dockerfile=dockerfile))
+
+
+def _context_tar(context: Path, dockerfile: str, aliases: Mapping[str, str]) -> tuple[bytes, str, list[str]]:
+    """(tar bytes, content hash, external bases) of the context with its Dockerfile rewritten."""
+    df_path = context / dockerfile
+    if not df_path.is_file():
+        raise ImageError(f"no {dockerfile} in the build context", path=context, field="dockerfile")
+    text, bases = rewrite_from_lines(df_path.read_text(encoding="utf-8"), aliases)
+    digest = hashlib.sha256()
+    digest.update(repr(sorted(aliases.items())).encode())
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel in _context_files(context, dockerfile):
+            full = context / rel
+            arc = rel.replace(os.sep, "/")
+            info = tar.gettarinfo(str(full), arcname=arc)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            digest.update(f"\0{arc}\0{info.type!r}\0{info.mode:o}\0{info.linkname}\0".encode())
+            if arc == dockerfile.replace(os.sep, "/"):
+                data = text.encode("utf-8")
+                info.size = len(data)
+                digest.update(data)
+                tar.addfile(info, io.BytesIO(data))
+            elif info.isreg():
+                with open(full, "rb") as fh:
+                    data = fh.read()
+                digest.update(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                tar.addfile(info)
+    return buf.getvalue(), digest.hexdigest()[:16], bases
+
+
+def build_image(
+    client: "docker.DockerClient",
+    context: Path,
+    settings: SandboxSettings,
+    *,
+    dockerfile: str = "Dockerfile",
+    timeout_s: float = 600.0,
+) -> ImageInfo:
+    """Build (or reuse) the image of the build context ``context``.
+
+    Returns the cached image when one with the same content hash exists. Concurrent calls for the same context
+    build once. With pull policy ``never`` a missing base image is refused before building.
+
+    Raises:
+        ImageError: the context is invalid, a base image is missing under ``never``, the build failed (message
+            ends with the last lines of the build log) or overran ``timeout_s``.
+    """
+    import docker.errors
+    import requests.exceptions
+
+    context = Path(context)
+    if not context.is_dir():
+        raise ImageError("build context is not a folder", path=context, field="build_context")
+    data, digest, bases = _context_tar(context, dockerfile, settings.image_aliases)
+    tag = f"{BUILD_REPO}:{digest}"
+    with _cache_lock:
+        lock = _build_locks.setdefault(tag, threading.Lock())
+    with lock:
+        info = _inspect(client, tag)
+        if info is not None:
+            return info
+        if settings.pull_policy == "never":
+            for base in bases:
+                if _inspect(client, base) is None:
+                    raise ImageError(
+                        f"base image {base} of {dockerfile} is not present and pull_policy is 'never'; map it to a "
+                        "local image in image_aliases", path=context, field="dockerfile")
+        deadline = time.monotonic() + timeout_s
+        lines: list[str] = []
+        try:
+            stream = client.api.build(
+                fileobj=io.BytesIO(data), custom_context=True, dockerfile=dockerfile, tag=tag, rm=True,
+                forcerm=True, pull=settings.pull_policy == "always", decode=True, timeout=max(1, int(timeout_s)),
+                labels={MANAGED_LABEL: "true", CACHE_LABEL: "build"},
+            )
+            error = None
+            for chunk in stream:
+                if "stream" in chunk:
+                    lines.extend(chunk["stream"].rstrip("\n").splitlines())
+                if "error" in chunk:
+                    error = chunk["error"]
+                    lines.append(error)
+                if time.monotonic() > deadline:
+                    raise ImageError(f"build exceeded its timeout of {timeout_s:g} s{_tail(lines)}",
+                                     path=context, field="build_timeout_s")
+        except (requests.exceptions.Timeout, TimeoutError) as exc:
+            raise ImageError(f"build exceeded its timeout of {timeout_s:g} s{_tail(lines)}",
+                             path=context, field="build_timeout_s") from exc
+        except docker.errors.DockerException as exc:
+            raise ImageError(f"build failed: {exc}{_tail(lines)}", path=context, field="dockerfile") from exc
+        except requests.exceptions.RequestException as exc:
+            raise ImageError(f"build failed: {exc}{_tail(lines)}", path=context, field="dockerfile",
+                             retryable=True) from exc
+        if error is not None:
+            raise ImageError(f"build failed: {error}{_tail(lines)}", path=context, field="dockerfile")
+        forget(client, tag)
+        info = _inspect(client, tag)
+        if info is None:
+            raise ImageError(f"build reported success but {tag} is missing{_tail(lines)}", path=context,
+                             field="dockerfile")
+        return info
+
+
+def _tail(lines: list[str]) -> str:
+    if not lines:
+        return ""
+    return "\n--- last lines of the build log ---\n" + "\n".join(lines[-_LOG_TAIL:])
+
+
+def ensure_image(client: "docker.DockerClient", spec, settings: SandboxSettings) -> ImageInfo:
+    """The image of ``spec`` (a `SandboxSpec`): its build context built, or its image name resolved."""
+    if spec.build_context is not None:
+        return build_image(client, Path(spec.build_context), settings, dockerfile=spec.dockerfile,
+                           timeout_s=spec.build_timeout_s)
+    if not spec.image:
+        raise SandboxError("spec names neither an image nor a build context", field="image")
+    return resolve_image(client, spec.image, settings)
