@@ -1,0 +1,210 @@
+"""The keeper of one local sandbox: a standalone host script (stdlib only, run as ``python3 -I -S _keeper.py CFG``).
+
+It is started by `LocalSandbox.start` inside a private mount namespace (``unshare --mount --propagation private``)
+and owns everything of its sandbox:
+
+1. mounts the writable layer (a size-bounded tmpfs when asked, else a folder on the temp root's filesystem) and an
+   overlayfs of the read-only root filesystem + that layer — in its own mount namespace only, so the mounts vanish
+   with the namespace and the root filesystem folder is never written;
+2. starts bubblewrap on the merged tree (private PID/IPC/UTS namespaces, a private network namespace when the network
+   is off), through ``/bin/sh`` when the bwrap process must first join the sandbox's cgroups;
+3. reports ``{"pid": <host pid of the sandbox's PID 1>}`` as one JSON line on stdout;
+4. watches the lease file: when its mtime is older than the lease TTL (the host stopped renewing it: the trainer
+   died), or on SIGTERM/SIGINT, or when bwrap ends, it kills the sandbox (its PID namespace dies with PID 1),
+   unmounts, removes the cgroups and the sandbox's folder, and exits. So a sandbox never outlives its lease by more
+   than one poll interval (lease rule of the issue; ``harbor-gym gc`` handles what a SIGKILLed keeper leaves).
+
+It imports nothing of harbor_gym so that it starts in ~20 ms and keeps working when the trainer is gone.
+"""
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_MNT_DETACH = 2
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(signum, frame):
+    raise _Stop()
+
+
+def _mount(source, target, fstype, options):
+    rc = _libc.mount(source.encode(), target.encode(), fstype.encode(), 0, options.encode())
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount -t {fstype} {source} {target} -o {options}: {os.strerror(err)}")
+
+
+def _umount(target):
+    _libc.umount2(target.encode(), _MNT_DETACH)
+
+
+def _fail(message):
+    sys.stdout.write(json.dumps({"error": message}) + "\n")
+    sys.stdout.flush()
+
+
+def _mount_layer(cfg):
+    """Mount tmpfs (if asked) + overlay; returns the merged folder. Tries a tmpfs layer when a disk one fails."""
+    base = cfg["dir"]
+    layer = os.path.join(base, "layer")
+    merged = os.path.join(base, "merged")
+    os.makedirs(layer, exist_ok=True)
+    os.makedirs(merged, exist_ok=True)
+    attempts = ["tmpfs"] if cfg["storage_mb"] else ["disk", "tmpfs"]
+    errors = []
+    for kind in attempts:
+        try:
+            if kind == "tmpfs":
+                opts = "mode=0755"
+                if cfg["storage_mb"]:
+                    opts += ",size=%dm" % int(cfg["storage_mb"])
+                _mount("tmpfs", layer, "tmpfs", opts)
+            upper = os.path.join(layer, "upper")
+            work = os.path.join(layer, "work")
+            os.makedirs(upper, exist_ok=True)
+            os.makedirs(work, exist_ok=True)
+            os.chmod(upper, 0o755)
+            _mount("overlay", merged, "overlay", "lowerdir=%s,upperdir=%s,workdir=%s" % (cfg["lower"], upper, work))
+            return merged
+        except OSError as exc:
+            errors.append("%s layer: %s" % (kind, exc))
+            if kind == "tmpfs":
+                _umount(layer)
+    raise OSError("cannot mount the sandbox's overlay (" + "; ".join(errors) + ")")
+
+
+def _remove_cgroups(paths, deadline):
+    for path in paths:
+        while True:
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as fh:
+                    pids = [int(p) for p in fh.read().split()]
+            except OSError:
+                pids = []
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    proc = None
+    merged = None
+    try:
+        try:
+            merged = _mount_layer(cfg)
+        except OSError as exc:
+            _fail(str(exc))
+            return 3
+        for rel in cfg["dirs"]:
+            # Created through bwrap --dir would follow the rootfs's own symlinks inside the new root; here we only
+            # make plain folders below the merged tree, never following a symlink out of it.
+            path = merged
+            for part in [p for p in rel.split("/") if p]:
+                path = os.path.join(path, part)
+                if os.path.islink(path):
+                    break
+                if not os.path.isdir(path):
+                    os.mkdir(path, 0o755)
+        info_r, info_w = os.pipe()
+        fds = [info_w]
+        argv = list(cfg["prefix"]) + ["--bind", merged, "/"]
+        for dest, data in cfg["files"].items():
+            r, w = os.pipe()
+            os.write(w, data.encode())
+            os.close(w)
+            fds.append(r)
+            argv += ["--bind-data", str(r), dest]
+        argv += ["--info-fd", str(info_w)] + list(cfg["args"])
+        proc = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=open(os.path.join(cfg["dir"], "bwrap.log"), "wb"))
+        for fd in fds:
+            os.close(fd)
+        with os.fdopen(info_r, "rb") as fh:
+            raw = fh.read()  # bwrap closes the info fd once the sandbox is set up
+        try:
+            pid = int(json.loads(raw.decode())["child-pid"])
+        except (ValueError, KeyError):
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            with open(os.path.join(cfg["dir"], "bwrap.log"), "rb") as fh:
+                log = fh.read().decode(errors="replace")[-2000:]
+            _fail("bubblewrap did not start the sandbox: " + (log.strip() or "no output"))
+            return 3
+        # bwrap reports its child before it has set up the new root: wait until that child's root is ours.
+        want = os.stat(merged)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                st = os.stat("/proc/%d/root/" % pid)
+                if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                with open(os.path.join(cfg["dir"], "bwrap.log"), "rb") as fh:
+                    log = fh.read().decode(errors="replace")[-2000:]
+                _fail("bubblewrap did not set up the sandbox's root: " + (log.strip() or "no output"))
+                return 3
+            time.sleep(0.002)
+        sys.stdout.write(json.dumps({"pid": pid}) + "\n")
+        sys.stdout.flush()
+        lease = cfg["lease"]
+        ttl = float(cfg["ttl"])
+        interval = max(0.05, min(1.0, ttl / 10.0))
+        while proc.poll() is None:
+            try:
+                age = time.time() - os.stat(lease).st_mtime
+            except FileNotFoundError:
+                break
+            if age > ttl:
+                break
+            time.sleep(interval)
+        return 0
+    except _Stop:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # bwrap --die-with-parent: its PID 1 and therefore the whole PID namespace die with it
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        deadline = time.monotonic() + 10
+        _remove_cgroups(cfg["cgroups"], deadline)
+        if merged is not None:
+            _umount(merged)
+            _umount(os.path.join(cfg["dir"], "layer"))
+        shutil.rmtree(cfg["dir"], ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
