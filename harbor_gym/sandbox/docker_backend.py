@@ -201,25 +201,10 @@ class DockerSandbox:
         if spec.tmpfs:
             host_config["tmpfs"] = {path: f"size={mb}m" for path, mb in spec.tmpfs.items()}
         try:
-            created = api.create_container(
-                self._image.id,
-                command=leases.lease_command(self.settings.lease_ttl_s),
-                entrypoint=[],
-                name=self.name,
-                hostname=self.name[:63],
-                labels=labels,
-                environment=dict(spec.env),
-                working_dir=spec.workdir,
-                user=spec.user,
-                host_config=api.create_host_config(**host_config),
-            )
-            self._count()
+            created = self._create(api, labels, host_config)
             self.container_id = created["Id"]
             api.start(self.container_id)
             self._count()
-        except docker.errors.ImageNotFound as exc:
-            images.forget(self.client, self._image.ref)
-            translate_error(exc, what="create the container", sandbox=self.name)
         except docker.errors.APIError as exc:
             text = str(getattr(exc, "explanation", "") or exc)
             if spec.storage_mb is not None and ("storage-opt" in text or "quota" in text):
@@ -231,6 +216,33 @@ class DockerSandbox:
             translate_error(exc, what="create and start the container", sandbox=self.name)
         self._state = SandboxState.RUNNING
         log.debug("sandbox %s started (container %s, image %s)", self.name, self.container_id, self._image.ref)
+
+    def _create(self, api: Any, labels: dict[str, str], host_config: dict[str, Any]) -> dict:
+        """Create the container; an image removed since it was inspected (gc) is resolved once more."""
+        import docker.errors
+
+        try:
+            return self._create_once(api, labels, host_config)
+        except docker.errors.ImageNotFound:
+            images.forget(self.client, self._image.ref)
+            self._image = images.ensure_image(self.client, self.spec, self.settings)
+            return self._create_once(api, labels, host_config)
+
+    def _create_once(self, api: Any, labels: dict[str, str], host_config: dict[str, Any]) -> dict:
+        spec = self.spec
+        self._count()
+        return api.create_container(
+            self._image.id,
+            command=leases.lease_command(self.settings.lease_ttl_s),
+            entrypoint=[],
+            name=self.name,
+            hostname=self.name[:63],
+            labels=labels,
+            environment=dict(spec.env),
+            working_dir=spec.workdir,
+            user=spec.user,
+            host_config=api.create_host_config(**host_config),
+        )
 
     def stop(self) -> None:
         """Remove the container (killing everything in it). Idempotent; never raises for a dead sandbox."""

@@ -1,0 +1,130 @@
+"""``harbor-gym gc``: remove what crashed processes left behind, and nothing else.
+
+A labelled container, network or volume (``io.harbor-gym.managed=true``) belongs to a run (``io.harbor-gym.run``).
+It is garbage iff that run's lease is dead: its lease file is missing on this host (the run crashed, was released,
+or is not of this host) or was not renewed within the container's lease TTL (``io.harbor-gym.lease-ttl``, else
+the default). Resources of a live run are never touched, nor anything without the managed label. With
+``images=True`` the build cache images (``io.harbor-gym.cache=build``) not used by a container are removed too.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from harbor_gym.errors import SandboxUnavailableError
+from harbor_gym.sandbox._engine import get_client
+from harbor_gym.sandbox.base import MANAGED_LABEL, RUN_LABEL
+from harbor_gym.sandbox.docker_backend import TTL_LABEL
+from harbor_gym.sandbox.images import CACHE_LABEL
+from harbor_gym.sandbox.lease import lease_is_live
+
+if TYPE_CHECKING:
+    import docker
+
+__all__ = ["GcReport", "collect_garbage", "DEFAULT_TTL_S"]
+
+log = logging.getLogger("harbor_gym.sandbox")
+
+#: TTL assumed for a resource that does not carry `TTL_LABEL`.
+DEFAULT_TTL_S = 60.0
+
+
+@dataclass
+class GcReport:
+    """What `collect_garbage` removed (names), what it kept because its run is live, and what failed."""
+
+    containers: list[str] = field(default_factory=list)
+    networks: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    kept_live: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def removed(self) -> int:
+        """How many resources were removed."""
+        return len(self.containers) + len(self.networks) + len(self.volumes) + len(self.images)
+
+
+def _dead(labels: dict[str, str]) -> bool:
+    run = labels.get(RUN_LABEL)
+    if not run:
+        return True
+    try:
+        ttl = float(labels.get(TTL_LABEL, DEFAULT_TTL_S))
+    except ValueError:
+        ttl = DEFAULT_TTL_S
+    return not lease_is_live(run, ttl)
+
+
+def collect_garbage(*, images: bool = False, client: "docker.DockerClient | None" = None) -> GcReport:
+    """Remove labelled containers, networks and volumes whose run's lease is dead; with ``images`` also the build
+    cache images. One failure does not stop the rest (it is listed in ``errors``).
+
+    Raises:
+        SandboxUnavailableError: no Docker engine answers.
+    """
+    import docker.errors
+    import requests.exceptions
+
+    client = client or get_client()
+    api = client.api
+    report = GcReport()
+    selector = {"label": f"{MANAGED_LABEL}=true"}
+    try:
+        containers = api.containers(all=True, filters=selector)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise SandboxUnavailableError(f"gc: the Docker engine does not answer: {exc}", retryable=True) from exc
+    for c in containers:
+        name = (c.get("Names") or [c["Id"][:12]])[0].lstrip("/")
+        if not _dead(c.get("Labels") or {}):
+            report.kept_live.append(name)
+            continue
+        try:
+            api.remove_container(c["Id"], force=True, v=True)
+            report.containers.append(name)
+        except docker.errors.NotFound:
+            report.containers.append(name)
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # removal already in progress
+                report.containers.append(name)
+            else:
+                report.errors.append(f"container {name}: {exc}")
+    for net in api.networks(filters=selector):
+        name = net.get("Name") or net["Id"][:12]
+        if not _dead(net.get("Labels") or {}):
+            report.kept_live.append(name)
+            continue
+        try:
+            api.remove_network(net["Id"])
+            report.networks.append(name)
+        except docker.errors.APIError as exc:
+            report.errors.append(f"network {name}: {exc}")
+    for vol in (api.volumes(filters=selector) or {}).get("Volumes") or []:
+        name = vol["Name"]
+        if not _dead(vol.get("Labels") or {}):
+            report.kept_live.append(name)
+            continue
+        try:
+            api.remove_volume(name)
+            report.volumes.append(name)
+        except docker.errors.APIError as exc:
+            report.errors.append(f"volume {name}: {exc}")
+    if images:
+        for img in api.images(filters={"label": [f"{MANAGED_LABEL}=true", f"{CACHE_LABEL}=build"]}):
+            tags = [t for t in (img.get("RepoTags") or []) if t != "<none>:<none>"]
+            ref = tags[0] if tags else img["Id"]
+            try:
+                for tag in tags or [img["Id"]]:
+                    api.remove_image(tag, noprune=False)
+                report.images.append(ref)
+            except docker.errors.NotFound:
+                report.images.append(ref)
+            except docker.errors.APIError as exc:  # in use by a container: keep
+                report.errors.append(f"image {ref}: {exc.explanation or exc}")
+    if report.removed:
+        log.info("gc removed %d containers, %d networks, %d volumes, %d images", len(report.containers),
+                 len(report.networks), len(report.volumes), len(report.images))
+    return report
