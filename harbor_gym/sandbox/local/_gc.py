@@ -57,8 +57,8 @@ def collect_local_garbage(*, root: Path | None = None, grace_s: float = _GRACE_S
             meta = {}
         ttl = float(meta.get("ttl", 60.0))
         try:
-            age = now - (folder / "lease").stat().st_mtime
-        except OSError:
+            age = now - Path(meta["lease"]).stat().st_mtime
+        except (OSError, KeyError):  # no lease file: the run released it or died long ago
             try:
                 age = now - folder.stat().st_mtime
             except OSError:

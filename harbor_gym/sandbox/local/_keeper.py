@@ -28,6 +28,7 @@ import time
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _MNT_DETACH = 2
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 class _Stop(Exception):
@@ -108,8 +109,21 @@ def _remove_cgroups(paths, deadline):
                 time.sleep(0.02)
 
 
+def _reap_all(deadline):
+    """Wait for every child and re-parented orphan (the sandbox's PID 1 dies with its namespace)."""
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.005)
+
+
 def main():
     cfg = json.loads(sys.argv[1])
+    # Orphans of bwrap (its PID 1 once bwrap is killed) are re-parented here and reaped before we exit.
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     proc = None
@@ -199,6 +213,7 @@ def main():
             except subprocess.TimeoutExpired:
                 pass
         deadline = time.monotonic() + 10
+        _reap_all(deadline)
         _remove_cgroups(cfg["cgroups"], deadline)
         if merged is not None:
             _umount(merged)

@@ -124,7 +124,7 @@ def resolve_user(root: str, user: str) -> UserInfo:
     if row is None and name.isdigit():
         row = next((r for r in passwd if r[2] == name), None)
         if row is None:
-            row = [name, "x", name, name, "", "/", "/bin/sh"]
+            row = [name, "x", name, "0", "", "/", "/bin/sh"]  # as Docker: an unknown uid gets gid 0
     if row is None:
         raise SandboxError(f"no user {name!r} in the sandbox's /etc/passwd", field="user")
     uname, uid, gid, home = row[0], int(row[2]), int(row[3]), row[5] or "/"

@@ -9,8 +9,8 @@ Layout of one sandbox (see ``_keeper.py`` for the process that owns it):
   the host's network namespace when it is on; Docker's default capability set;
 - ``/proc``, ``/dev``, ``/etc/hosts``, ``/etc/hostname``, the spec's tmpfs mounts, the workdir and ``/logs/{agent,
   verifier,artifacts}``; with limits, ``/sys/fs/cgroup`` shows the sandbox's own cgroups read-only;
-- a lease: the keeper ends the sandbox and removes everything of it once the lease file has not been renewed for
-  ``lease_ttl_s`` (the trainer died); `LocalSandbox` renews it from a heartbeat thread while it runs.
+- a lease (`harbor_gym.sandbox.lease`, the process's unless one is given): the keeper ends the sandbox and removes
+  everything of it once the lease file has not been renewed for ``lease_ttl_s`` (the trainer died) or is gone.
 
 Commands enter the namespaces with ``nsenter`` (a few ms per exec) and drop to the user with the sandbox's own
 ``setpriv`` (supplementary groups and capability bounding set), else ``nsenter``'s ``--setuid/--setgid``.
@@ -20,7 +20,6 @@ no root filesystem folder, GPUs, a limit that cgroups cannot enforce here (LOAD-
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
@@ -34,13 +33,14 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from harbor_gym.errors import SandboxError, SandboxPathError, SandboxUnavailableError
+from harbor_gym.sandbox import archives
+from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox.base import ExecResult, SandboxSettings, SandboxSpec, SandboxState
-from harbor_gym.sandbox.local import _archive, _cgroups, _rootfs
+from harbor_gym.sandbox.local import _cgroups, _rootfs
 
 __all__ = ["LocalSandbox", "local_root", "local_unavailable_reason"]
 
@@ -82,50 +82,6 @@ def _slug(text: str) -> str:
     return (re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "sandbox")[:30]
 
 
-class _Heartbeat:
-    """One daemon thread renewing the lease files of this process's live local sandboxes."""
-
-    def __init__(self) -> None:
-        self._leases: dict[str, float] = {}  # path -> interval
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
-
-    def add(self, path: str, ttl: float) -> None:
-        with self._lock:
-            self._leases[path] = max(0.2, ttl / 4.0)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="harbor-gym-local-lease", daemon=True)
-                self._thread.start()
-        self._wake.set()
-
-    def remove(self, path: str) -> None:
-        with self._lock:
-            self._leases.pop(path, None)
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                leases = dict(self._leases)
-            for path in leases:
-                try:
-                    os.utime(path)
-                except OSError:
-                    pass
-            self._wake.wait(min(leases.values(), default=5.0))
-            self._wake.clear()
-
-
-_HEARTBEAT = _Heartbeat()
-_LIVE: "weakref.WeakSet[LocalSandbox]" = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for sandbox in list(_LIVE):
-        sandbox.stop()
-
-
 class LocalSandbox:
     """A sandbox on bubblewrap over an unpacked root filesystem (see the module docstring). Implements `Sandbox`.
 
@@ -133,17 +89,26 @@ class LocalSandbox:
         spec: what to start; ``image`` must map to a root filesystem folder (settings' ``image_aliases`` first, then
             ``rootfs_aliases``).
         settings: host settings (aliases, lease TTL, output cap).
+        lease: the lease the sandbox is bound to (default: the process's lease).
+
+    Attributes:
+        backend: ``"local"``.
+        name: ``hg-<name_hint>-<random>``; also the sandbox's hostname and its folder's name.
+        run_id: the id of the lease (run) the sandbox is bound to, once started.
     """
 
     backend = "local"
 
-    def __init__(self, spec: SandboxSpec, settings: SandboxSettings | None = None) -> None:
+    def __init__(
+        self, spec: SandboxSpec, settings: SandboxSettings | None = None, *, lease: leases.Lease | None = None
+    ) -> None:
         self.spec = spec
         self.settings = settings or SandboxSettings()
+        self._lease_obj = lease
+        self.run_id: str | None = None
         self.name = f"hg-{_slug(spec.name_hint)}-{secrets.token_hex(4)}"
         self._state = SandboxState.CREATED
         self._dir = local_root() / self.name
-        self._lease = self._dir / "lease"
         self._keeper: subprocess.Popen | None = None
         self._pid: int | None = None
         self._cgroups = _cgroups.CgroupSet()
@@ -233,6 +198,7 @@ class LocalSandbox:
         """
         if self._state is not SandboxState.CREATED:
             raise SandboxError(f"sandbox {self.name} was already started", field="start")
+        leases.register(self)
         try:
             self._start()
         except BaseException:
@@ -244,20 +210,18 @@ class LocalSandbox:
         spec = self.spec
         rootfs = self.resolve_rootfs()
         self._refuse_unsupported()
+        lease = self._lease_obj or leases.process_lease()
+        lease.want_ttl(self.settings.lease_ttl_s)
+        self.run_id = lease.run_id
         self._dir.mkdir(parents=True, mode=0o700)
-        self._lease.touch()
-        (self._dir / "meta.json").write_text(
-            json.dumps({"name": self.name, "host_pid": os.getpid(), "ttl": self.settings.lease_ttl_s,
-                        "labels": dict(spec.labels), "created": time.time()})
-        )
-        _LIVE.add(self)
+        meta = {"name": self.name, "run_id": lease.run_id, "lease": str(lease.path), "ttl": self.settings.lease_ttl_s,
+                "labels": dict(spec.labels), "created": time.time(), "cgroups": []}
+        (self._dir / "meta.json").write_text(json.dumps(meta))
         self._cgroups = _cgroups.create_cgroups(
             self.name, cpus=spec.cpus, memory_mb=spec.memory_mb, pids_limit=spec.pids_limit
         )
-        (self._dir / "meta.json").write_text(
-            json.dumps({"name": self.name, "host_pid": os.getpid(), "ttl": self.settings.lease_ttl_s,
-                        "labels": dict(spec.labels), "created": time.time(), "cgroups": list(self._cgroups.dirs)})
-        )
+        meta["cgroups"] = list(self._cgroups.dirs)
+        (self._dir / "meta.json").write_text(json.dumps(meta))
         hostname = self.name[:63]
         prefix = self._join_cgroups_prefix() + [shutil.which("bwrap") or "bwrap"]
         prefix += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--hostname", hostname]
@@ -280,13 +244,12 @@ class LocalSandbox:
             "/etc/hostname": hostname + "\n",
         }
         cfg = {
-            "dir": str(self._dir), "lower": str(rootfs), "storage_mb": spec.storage_mb, "lease": str(self._lease),
+            "dir": str(self._dir), "lower": str(rootfs), "storage_mb": spec.storage_mb, "lease": str(lease.path),
             "ttl": self.settings.lease_ttl_s, "prefix": prefix, "args": args, "files": files,
             "dirs": sorted({self.workdir, *_TASK_DIRS} - {"/"}), "cgroups": list(self._cgroups.dirs),
         }
         argv = [shutil.which("unshare") or "unshare", "--mount", "--propagation", "private", "--",
                 sys.executable, "-I", "-S", str(_KEEPER), json.dumps(cfg)]
-        _HEARTBEAT.add(str(self._lease), self.settings.lease_ttl_s)
         self._keeper = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         )
@@ -347,7 +310,6 @@ class LocalSandbox:
             if self._state is SandboxState.STOPPED:
                 return
             self._state = SandboxState.STOPPED
-        _HEARTBEAT.remove(str(self._lease))
         keeper = self._keeper
         if keeper is not None:
             try:
@@ -364,7 +326,7 @@ class LocalSandbox:
                     stream.close()
         _cgroups.remove_cgroups(self._cgroups.dirs)
         shutil.rmtree(self._dir, ignore_errors=True)
-        _LIVE.discard(self)
+        leases.unregister(self)
         self._pid = None
 
     def __enter__(self) -> "LocalSandbox":
@@ -498,16 +460,20 @@ class LocalSandbox:
             err.close()
 
     # --- files -------------------------------------------------------------------------------------------
-    def _owner_ids(self, owner: str | None) -> tuple[int, int]:
+    def _owner(self, owner: str | None) -> archives.Owner | None:
         if owner is None:
-            return 0, 0
-        pid = self._require_running()
-        info = _rootfs.resolve_user(f"/proc/{pid}/root", owner)
-        return info.uid, info.gid
+            return None
+        root = f"/proc/{self._require_running()}/root"
+        passwd = (_rootfs.read_in_root(root, "/etc/passwd", 16 << 20) or b"").decode(errors="replace")
+        group = (_rootfs.read_in_root(root, "/etc/group", 16 << 20) or b"").decode(errors="replace")
+        resolved = archives.resolve_owner(owner, passwd, group)
+        if resolved is None:
+            raise SandboxError(f"owner {owner!r} is unknown to local sandbox {self.name}", field="owner")
+        return resolved
 
-    def _untar(self, archive: bytes, folder: str, *, what: str) -> None:
-        script = 'mkdir -p -- "$1" && exec tar -x --numeric-owner -p -f - -C "$1"'
-        code, out = self._raw(["/bin/sh", "-c", script, "sh", folder], stdin=archive)
+    def _untar(self, archive: bytes, *, what: str) -> None:
+        """Extract an archive rooted at ``/`` inside the sandbox, as root, with the sandbox's own tar."""
+        code, out = self._raw(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", "/"], stdin=archive)
         out.unlink(missing_ok=True)
         if code != 0:
             raise SandboxError(
@@ -519,35 +485,16 @@ class LocalSandbox:
         """Copy a local file to ``dest`` or a local folder's contents into the folder ``dest`` (see `Sandbox.put`).
 
         Raises:
-            SandboxPathError: ``local`` does not exist. SandboxError: the copy failed.
+            SandboxError: ``local`` is missing, ``owner`` is unknown, or the copy failed.
         """
-        local = Path(local)
-        if not local.exists():
-            raise SandboxPathError("no such local file or folder", path=local, field="put")
-        uid, gid = self._owner_ids(owner)
         dest = _abs(dest)
-        if local.is_dir():
-            self._untar(_archive.tar_path(local, arcname=".", uid=uid, gid=gid, mode=None), dest, what=dest)
-            fix = []
-            if owner is not None:
-                fix.append(f"chown {uid}:{gid} -- \"$1\"")
-            if mode is not None:
-                fix.append(f"chmod {mode:o} -- \"$1\"")
-            if fix:
-                code, out = self._raw(["/bin/sh", "-c", " && ".join(fix), "sh", dest])
-                out.unlink(missing_ok=True)
-                if code != 0:
-                    raise SandboxError(f"setting owner/mode of {dest} failed: {self._last_stderr.strip()}",
-                                       path=dest, field="put")
-        else:
-            parent, base = _split(dest)
-            self._untar(_archive.tar_path(local, arcname=base, uid=uid, gid=gid, mode=mode), parent, what=dest)
+        archive = archives.tar_local_path(Path(local), dest, owner=self._owner(owner), mode=mode)
+        self._untar(archive, what=dest)
 
     def put_bytes(self, data: bytes, dest: str, *, owner: str | None = None, mode: int = 0o644) -> None:
         """Write ``data`` as the file ``dest`` (parents created)."""
-        uid, gid = self._owner_ids(owner)
-        parent, base = _split(_abs(dest))
-        self._untar(_archive.tar_bytes(data, arcname=base, uid=uid, gid=gid, mode=mode), parent, what=dest)
+        dest = _abs(dest)
+        self._untar(archives.tar_bytes(data, dest, owner=self._owner(owner), mode=mode), what=dest)
 
     def get(self, src: str, dest_dir: Path) -> Path:
         """Copy ``src`` into ``dest_dir/<basename>`` (see `Sandbox.get`).
@@ -565,11 +512,11 @@ class LocalSandbox:
             if code != 0:
                 raise SandboxError(f"reading {src} from local sandbox {self.name} failed (exit {code}): "
                                    f"{self._last_stderr.strip()}", path=src, field="get")
-            dest_dir = Path(dest_dir)
-            _archive.safe_extract(archive, dest_dir, source=src)
+            with open(archive, "rb") as fh:
+                archives.safe_extract(fh, Path(dest_dir))
         finally:
             archive.unlink(missing_ok=True)
-        return dest_dir / base
+        return Path(dest_dir) / base
 
     def read_file(self, path: str, *, max_bytes: int) -> bytes | None:
         """The first ``max_bytes`` of the regular file ``path`` (``None`` if it is not one), read from the host
@@ -580,11 +527,6 @@ class LocalSandbox:
         except OSError as exc:
             raise SandboxError(f"cannot read {path} in local sandbox {self.name}: {exc}", path=path,
                                field="read_file") from exc
-
-    # --- test hooks --------------------------------------------------------------------------------------
-    def _stop_renewing_lease(self) -> None:
-        """Stop the heartbeat for this sandbox (as if its host died). For tests of lease expiry."""
-        _HEARTBEAT.remove(str(self._lease))
 
 
 def _abs(path: str) -> str:
