@@ -164,7 +164,9 @@ def read_stream(sock, *, deadline: float | None, on_deadline, grace_s: float, po
 
 def kill_command(api, container_id: str, pid: int) -> None:
     """Kill the process group (and the process) ``pid`` in the container, as root. Best effort."""
-    script = 'kill -KILL -- "-$1" 2>/dev/null; kill -KILL "$1" 2>/dev/null; :'
+    # dash wants "-s KILL --" before a negative pid; busybox and others may want the shorter forms
+    script = ('kill -s KILL -- "-$1" 2>/dev/null || kill -s KILL "-$1" 2>/dev/null || kill -KILL "-$1" 2>/dev/null;'
+              ' kill -s KILL "$1" 2>/dev/null; :')
     exec_id = api.exec_create(container_id, ["/bin/sh", "-c", script, "harbor-gym-kill", str(pid)], user="0",
                               stdout=False, stderr=False)["Id"]
     api.exec_start(exec_id, detach=True)
