@@ -2,16 +2,17 @@
 
 Rules (written in SPEC style; DS-n are this module's, not SPEC IDs):
 
-- **DS-1** A dataset is a folder; each direct subfolder holding a ``task.toml`` is a task whose ID is the subfolder
-  name (FMT-3). Subfolders whose name starts with ``.`` or is ``__pycache__`` are never tasks.
+- **DS-1** A dataset is a folder; each direct subfolder holding a ``task.toml`` is a task whose ID is the
+  subfolder name (FMT-3). Subfolders whose name starts with ``.`` or is ``__pycache__`` are never tasks.
 - **DS-2** A subfolder without ``task.toml`` that looks like a task (it holds ``instruction.md``, ``tests/``,
   ``steps/`` or ``environment/``) is a failure (LOAD-1, ``task.toml`` missing); any other subfolder is ignored
   silently (shared files, docs).
-- **DS-3** Settings come from ``<dataset>/dataset.toml`` (optional; absent = all defaults): ``timeout_multiplier``
-  (m of BUD-1/2, default 1.0, a finite number > 0 else LOAD-16 for the whole dataset), ``name``, ``description``.
-  Unknown keys are ignored with one warning (FMT-14). Every loaded Task carries m.
+- **DS-3** Settings come from ``<dataset>/dataset.toml`` (optional; absent = all defaults):
+  ``timeout_multiplier`` (m of BUD-1/2, default 1.0, a finite number > 0 else LOAD-16 for the whole dataset),
+  ``name``, ``description``. Unknown keys are ignored with one warning (FMT-14). Every loaded Task carries m.
 - **DS-4** A task that fails to load lands in ``failures`` with its ``TaskLoadError``; the others still load.
-- **DS-5** A folder that is itself a task (it holds ``task.toml``) is a dataset of one: that task, default settings.
+- **DS-5** A folder that is itself a task (it holds ``task.toml``) is a dataset of one: that task, default
+  settings.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from harbor_gym.task.models import DatasetSettings
 from harbor_gym.task.resolved import Task
 from harbor_gym.task.toml_io import parse_settings_toml
 
-__all__ = ["Dataset", "load_dataset", "DATASET_SETTINGS_FILE"]
+__all__ = ["DATASET_SETTINGS_FILE", "Dataset", "load_dataset"]
 
 DATASET_SETTINGS_FILE = "dataset.toml"
 _TASK_HINTS = ("instruction.md", "tests", "steps", "environment")

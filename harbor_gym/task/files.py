@@ -2,13 +2,14 @@
 
 Rules followed by :func:`upload_listing`:
 
-- the folder is walked recursively in sorted order; symlinked folders are followed, symlinks are listed by their
-  own path (reading them reads the target);
+- the folder is walked recursively in sorted order; symlinked folders are followed, symlinks are listed by
+  their own path (reading them reads the target);
 - a symlink whose target does not exist, or resolves outside ``root`` (the task folder), is LOAD-13; so is a
   folder reached again through its own descendants (a symlink cycle);
 - with ``honour_ignore`` and a ``.harborignore`` at the folder's top, its lines are gitignore patterns
-  (``pathspec``'s ``GitIgnoreSpec``) matched against paths relative to the folder; a matching file is left out, a
-  matching folder is left out with everything in it; the ``.harborignore`` file itself is never uploaded.
+  (``pathspec``'s ``GitIgnoreSpec``) matched against paths relative to the folder; a matching file is left
+  out, a matching folder is left out with everything in it; the ``.harborignore`` file itself is never
+  uploaded.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pathspec
 
 from harbor_gym.errors import TaskLoadError
 
-__all__ = ["HARBORIGNORE", "upload_listing", "is_within"]
+__all__ = ["HARBORIGNORE", "is_within", "upload_listing"]
 
 HARBORIGNORE = ".harborignore"
 
@@ -53,8 +54,8 @@ def upload_listing(
         Every regular file (or symlink to one) not excluded, never the ``.harborignore`` itself.
 
     Raises:
-        TaskLoadError: LOAD-13 for a dangling symlink, a symlink resolving outside ``root``, or a symlink cycle;
-            the error's path is the offending entry.
+        TaskLoadError: LOAD-13 for a dangling symlink, a symlink resolving outside ``root``, or a symlink
+            cycle; the error's path is the offending entry.
     """
     folder = Path(folder)
     boundary = (root if root is not None else folder).resolve()

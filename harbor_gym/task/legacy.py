@@ -1,16 +1,17 @@
-"""FMT-13: the one place where legacy ``task.toml`` keys are migrated to the current schema, before validation.
+"""FMT-13: the one place where legacy ``task.toml`` keys are migrated, before validation.
 
 Rules (SPEC FMT-13, LOAD-11), applied to a copy of the raw TOML data:
 
-- top-level ``version`` is read as ``schema_version``; an explicit ``schema_version`` wins (``version`` is dropped);
+- top-level ``version`` is read as ``schema_version``; an explicit ``schema_version`` wins (``version`` is
+  dropped);
 - top-level ``multi_step_reward_mode`` is dropped;
 - in every environment table (``[environment]``, ``[verifier.environment]``, ``[steps.verifier.environment]``)
-  ``memory``/``storage`` strings ``"<n>G"``, ``"<n>M"``, ``"<n>K"`` (case-insensitive, optional ``B``, ``n`` may be
-  decimal) become ``memory_mb``/``storage_mb`` = n×1024, n×1, n÷1024, truncated toward zero; with both the legacy
-  and the new key present the values must agree, else LOAD-11;
+  ``memory``/``storage`` strings ``"<n>G"``, ``"<n>M"``, ``"<n>K"`` (case-insensitive, optional ``B``, ``n``
+  may be decimal) become ``memory_mb``/``storage_mb`` = n×1024, n×1, n÷1024, truncated toward zero; with both
+  the legacy and the new key present the values must agree, else LOAD-11;
 - ``allow_internet`` (a bool) in an environment table, ``[agent]``, ``[verifier]``, ``[steps.agent]`` or
-  ``[steps.verifier]`` becomes ``network_mode = "public"``/``"no-network"`` unless that table sets ``network_mode``
-  or ``allowed_hosts``, in which case it is dropped.
+  ``[steps.verifier]`` becomes ``network_mode = "public"``/``"no-network"`` unless that table sets
+  ``network_mode`` or ``allowed_hosts``, in which case it is dropped.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ _FACTOR = {"G": 1024.0, "M": 1.0, "K": 1.0 / 1024.0}
 def _size_mb(text: Any, field: str) -> int:
     """FMT-13: ``"2G"`` -> 2048, ``"512M"`` -> 512, ``"1024K"`` -> 1 (truncated)."""
     if not isinstance(text, str):
-        raise RuleViolation("LOAD-1", f"must be a size string like '2G', '512M' or '1024K', got {text!r}", field)
+        raise RuleViolation(
+            "LOAD-1", f"must be a size string like '2G', '512M' or '1024K', got {text!r}", field
+        )
     match = _SIZE.match(text)
     if match is None:
         raise RuleViolation("LOAD-1", f"{text!r} is not a size like '2G', '512M' or '1024K'", field)
@@ -59,7 +62,9 @@ def _tables(raw: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], bool]]:
         for i, step in enumerate(steps):
             candidates.append((f"steps.{i}.agent", sub(step, "agent"), False))
             candidates.append((f"steps.{i}.verifier", sub(step, "verifier"), False))
-            candidates.append((f"steps.{i}.verifier.environment", sub(sub(step, "verifier"), "environment"), True))
+            candidates.append(
+                (f"steps.{i}.verifier.environment", sub(sub(step, "verifier"), "environment"), True)
+            )
     for path, table, is_env in candidates:
         if isinstance(table, dict):
             yield path, table, is_env
@@ -69,8 +74,8 @@ def migrate_legacy(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Return a migrated copy of ``raw`` and the dotted paths of the legacy keys found (FMT-13).
 
     Raises:
-        RuleViolation: a legacy value of the wrong type (LOAD-1) or conflicting with its new key (LOAD-11); its
-            ``field`` is the dotted path of the key.
+        RuleViolation: a legacy value of the wrong type (LOAD-1) or conflicting with its new key (LOAD-11);
+            its ``field`` is the dotted path of the key.
     """
     data = copy.deepcopy(raw)
     found: list[str] = []
@@ -100,7 +105,9 @@ def migrate_legacy(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             found.append(f"{path}.allow_internet")
             allow = table.pop("allow_internet")
             if not isinstance(allow, bool):
-                raise RuleViolation("LOAD-1", f"must be true or false, got {allow!r}", f"{path}.allow_internet")
+                raise RuleViolation(
+                    "LOAD-1", f"must be true or false, got {allow!r}", f"{path}.allow_internet"
+                )
             if "network_mode" not in table and "allowed_hosts" not in table:
                 table["network_mode"] = "public" if allow else "no-network"
     return data, found

@@ -1,8 +1,9 @@
-"""``load_task(path) -> Task``: validate a task folder (LOAD-1..16) and resolve each step's files and raw settings.
+"""``load_task(path) -> Task``: validate a task folder (LOAD-1..16), resolve each step's files and settings.
 
 Pure: reads files, starts nothing, needs no Docker. Checks run in this order, the first failure is raised:
-LOAD-1/2/7..12/15 (``task.toml``), LOAD-16 (multiplier), LOAD-14 (environment), LOAD-13 (inputs inside the folder),
-LOAD-3/4/5 (step files), LOAD-13 (symlinks, ``.harborignore``), LOAD-12 (sidecars need a compose file), LOAD-6.
+LOAD-1/2/7..12/15 (``task.toml``), LOAD-16 (multiplier), LOAD-14 (environment), LOAD-13 (inputs inside the
+folder), LOAD-3/4/5 (step files), LOAD-13 (symlinks, ``.harborignore``), LOAD-12 (sidecars need a compose
+file), LOAD-6.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from harbor_gym.task.resolved import ImageSourceKind, Step, StepArtifact, Task, 
 from harbor_gym.task.text import strip_canary
 from harbor_gym.task.toml_io import parse_task_toml
 
-__all__ = ["load_task", "check_timeout_multiplier", "verifier_image_source"]
+__all__ = ["check_timeout_multiplier", "load_task", "verifier_image_source"]
 
 
 def _existing_dir(path: Path) -> Path | None:
@@ -32,7 +33,12 @@ def _existing_file(path: Path) -> Path | None:
 
 def check_timeout_multiplier(value: object, *, path: Path) -> float:
     """LOAD-16: ``value`` as a float if it is a finite number > 0, else ``TaskLoadError`` naming ``path``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise TaskLoadError(
             f"timeout_multiplier must be a finite number > 0, got {value!r}",
             path=path,
@@ -46,7 +52,9 @@ def _read_instruction(path: Path, rule: str, field: str) -> str:
     try:
         return strip_canary(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
-        raise TaskLoadError(f"cannot read the instruction as UTF-8 text: {exc}", path=path, field=field, rule=rule) from exc
+        raise TaskLoadError(
+            f"cannot read the instruction as UTF-8 text: {exc}", path=path, field=field, rule=rule
+        ) from exc
 
 
 def _build_files(folder: Path | None) -> tuple[Path | None, Path | None]:
@@ -64,19 +72,27 @@ def verifier_image_source(
     semantics: Semantics | str = Semantics.SEED,
 ) -> VerifierImageSource:
     """VER-4, first match wins: the step's verifier image; (Harbor only) a Dockerfile/compose file in
-    ``steps/<name>/tests/``; ``[verifier.environment].docker_image``; a Dockerfile/compose file in ``tests/``; else
-    the agent's environment definition (the only case where VER-6 uploads the tests)."""
+    ``steps/<name>/tests/``; ``[verifier.environment].docker_image``; a Dockerfile/compose file in ``tests/``;
+    else the agent's environment definition (the only case where VER-6 uploads the tests)."""
     if step is not None and step.verifier.environment is not None and step.verifier.environment.docker_image:
-        return VerifierImageSource(ImageSourceKind.STEP_IMAGE, docker_image=step.verifier.environment.docker_image)
+        return VerifierImageSource(
+            ImageSourceKind.STEP_IMAGE, docker_image=step.verifier.environment.docker_image
+        )
     if step is not None and Semantics(semantics) == Semantics.HARBOR:
         dockerfile, compose = _build_files(_existing_dir(task_dir / "steps" / step.name / "tests"))
         if dockerfile or compose:
-            return VerifierImageSource(ImageSourceKind.STEP_TESTS_BUILD, dockerfile=dockerfile, compose_file=compose)
+            return VerifierImageSource(
+                ImageSourceKind.STEP_TESTS_BUILD, dockerfile=dockerfile, compose_file=compose
+            )
     if config.verifier.environment is not None and config.verifier.environment.docker_image:
-        return VerifierImageSource(ImageSourceKind.TASK_IMAGE, docker_image=config.verifier.environment.docker_image)
+        return VerifierImageSource(
+            ImageSourceKind.TASK_IMAGE, docker_image=config.verifier.environment.docker_image
+        )
     dockerfile, compose = _build_files(_existing_dir(task_dir / "tests"))
     if dockerfile or compose:
-        return VerifierImageSource(ImageSourceKind.TASK_TESTS_BUILD, dockerfile=dockerfile, compose_file=compose)
+        return VerifierImageSource(
+            ImageSourceKind.TASK_TESTS_BUILD, dockerfile=dockerfile, compose_file=compose
+        )
     env_dir = task_dir / "environment"
     image = config.environment.docker_image
     dockerfile, compose = _build_files(_existing_dir(env_dir))
@@ -96,8 +112,11 @@ def _check_inside(root: Path, folder: Path, field: str) -> None:
         )
 
 
-def _check_listing(root: Path, folder: Path | None, required: str | None, field: str, honour_ignore: bool) -> None:
-    """LOAD-13: walk ``folder`` (symlink escapes and cycles) and keep ``required`` out of ``.harborignore``."""
+def _check_listing(
+    root: Path, folder: Path | None, required: str | None, field: str, honour_ignore: bool
+) -> None:
+    """LOAD-13: walk ``folder`` (symlink escapes and cycles) and keep ``required`` out of
+    ``.harborignore``."""
     if folder is None:
         return
     listed = {rel for _, rel in upload_listing(folder, root=root, honour_ignore=honour_ignore)}
@@ -186,7 +205,9 @@ def _resolve_step(
         has_own_tests=own_tests is not None,
         solution_dir=solution_dir,
         validatable=solution_dir is not None and (solution_dir / "solve.sh").is_file(),
-        agent_timeout_sec=step.agent.timeout_sec if step.agent.timeout_sec is not None else config.agent.timeout_sec,
+        agent_timeout_sec=step.agent.timeout_sec
+        if step.agent.timeout_sec is not None
+        else config.agent.timeout_sec,
         verifier_timeout_sec=step.verifier.timeout_sec,
         agent_user=step.agent.user if step.agent.user is not None else config.agent.user,
         verifier_user=step.verifier.user if step.verifier.user is not None else config.verifier.user,
@@ -202,21 +223,27 @@ def _resolve_step(
     )
 
 
-def load_task(path: str | os.PathLike[str], config: EnvConfig | None = None, *, timeout_multiplier: float = 1.0) -> Task:
+def load_task(
+    path: str | os.PathLike[str], config: EnvConfig | None = None, *, timeout_multiplier: float = 1.0
+) -> Task:
     """Load and validate a task folder (GYM-1, SPEC §2-3); nothing starts.
 
     Args:
         path: the task folder; its name is the task ID (FMT-3).
-        config: read for ``semantics`` (VER-4, LOAD-6) and ``separate_verifier_for_artifacts`` (VER-2 in LOAD-6);
-            default ``EnvConfig()``.
+        config: read for ``semantics`` (VER-4, LOAD-6) and ``separate_verifier_for_artifacts`` (VER-2 in
+            LOAD-6); default ``EnvConfig()``.
         timeout_multiplier: the dataset's m (LOAD-16), stored on the Task; budgets stay raw.
 
     Returns:
         The Task; each Step has its instruction (FMT-2), files, raw budgets, users, modes resolved.
 
     Raises:
-        TaskLoadError: LOAD-1..16; the message names the task folder (via the file), the field or step, the rule.
-        Emits one ``UnknownKeyWarning`` listing unknown keys (FMT-14) and one ``LegacyKeyWarning`` for legacy keys.
+        TaskLoadError: LOAD-1..16; the message names the task folder (via the file), the field or step
+            and the rule. Nothing is cached; a later call reads the folder again.
+
+    Warns:
+        UnknownKeyWarning: once, listing every unknown key (FMT-14).
+        LegacyKeyWarning: once, listing every migrated legacy key (FMT-13).
     """
     cfg = config if config is not None else EnvConfig()
     semantics = Semantics(cfg.semantics)
@@ -239,26 +266,41 @@ def load_task(path: str | os.PathLike[str], config: EnvConfig | None = None, *, 
 
     for name in ("tests", "solution"):
         _check_inside(root, root / name, f"{name}/")
-    step_configs: tuple[StepConfig | None, ...] = task_config.steps if task_config.steps is not None else (None,)
+    step_configs: tuple[StepConfig | None, ...] = (
+        task_config.steps if task_config.steps is not None else (None,)
+    )
 
     for step in task_config.steps or ():
         step_dir = root / "steps" / step.name
         field = f"step {step.name}"
         _check_inside(root, step_dir, field)
         if not step_dir.is_dir():
-            raise TaskLoadError(f"declared step has no folder steps/{step.name}/", path=step_dir, field=field, rule="LOAD-3")
+            raise TaskLoadError(
+                f"declared step has no folder steps/{step.name}/", path=step_dir, field=field, rule="LOAD-3"
+            )
         if not (step_dir / "instruction.md").is_file():
             raise TaskLoadError(
-                f"steps/{step.name}/instruction.md is missing", path=step_dir / "instruction.md", field=field, rule="LOAD-3"
+                f"steps/{step.name}/instruction.md is missing",
+                path=step_dir / "instruction.md",
+                field=field,
+                rule="LOAD-3",
             )
         if not (step_dir / "tests" / "test.sh").is_file() and not (root / "tests" / "test.sh").is_file():
             raise TaskLoadError(
-                f"neither steps/{step.name}/tests/test.sh nor tests/test.sh exists", path=step_dir, field=field, rule="LOAD-4"
+                f"neither steps/{step.name}/tests/test.sh nor tests/test.sh exists",
+                path=step_dir,
+                field=field,
+                rule="LOAD-4",
             )
     if task_config.steps is None:
         for required in ("instruction.md", "tests/test.sh"):
             if not (root / required).is_file():
-                raise TaskLoadError(f"single-step task without {required}", path=root / required, field=required, rule="LOAD-5")
+                raise TaskLoadError(
+                    f"single-step task without {required}",
+                    path=root / required,
+                    field=required,
+                    rule="LOAD-5",
+                )
 
     _check_listing(root, _existing_dir(root / "tests"), "test.sh", "tests/", True)
     _check_listing(root, _existing_dir(root / "solution"), "solve.sh", "solution/", True)
@@ -301,8 +343,11 @@ def load_task(path: str | os.PathLike[str], config: EnvConfig | None = None, *, 
     )
 
 
-def _check_separate_tests(root: Path, step: Step, cfg: EnvConfig, semantics: Semantics, toml_path: Path) -> None:
-    """LOAD-6: a separate step (VER-1/2) with its own tests/ needs a docker_image in the chosen verifier table."""
+def _check_separate_tests(
+    root: Path, step: Step, cfg: EnvConfig, semantics: Semantics, toml_path: Path
+) -> None:
+    """LOAD-6: a separate step (VER-1/2) with its own tests/ needs a docker_image in the chosen verifier
+    table."""
     if not step.has_own_tests:
         return
     mode = step.verifier_mode
@@ -315,7 +360,11 @@ def _check_separate_tests(root: Path, step: Step, cfg: EnvConfig, semantics: Sem
         return
     if semantics == Semantics.HARBOR and step.separate_image_source.kind == ImageSourceKind.STEP_TESTS_BUILD:
         return
-    which = "[steps.verifier.environment]" if step.config and step.config.verifier.environment else "[verifier.environment]"
+    which = (
+        "[steps.verifier.environment]"
+        if step.config and step.config.verifier.environment
+        else "[verifier.environment]"
+    )
     raise TaskLoadError(
         f"verifies 'separate' with its own steps/{step.name}/tests/ but {which} has no docker_image; "
         "give that table a docker_image (with the tests baked in) or verify 'shared'",

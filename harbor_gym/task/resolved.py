@@ -1,4 +1,4 @@
-"""A loaded task: :class:`Task` and its :class:`Step` turns, with every file and raw setting resolved per step.
+"""A loaded task: :class:`Task` and its :class:`Step` turns, every file and raw setting resolved per step.
 
 These are plain frozen dataclasses (they pickle). Budgets here are raw (before the dataset's
 ``timeout_multiplier`` and any agent cap); the episode computes effective budgets (BUD-1/2).
@@ -21,14 +21,23 @@ from harbor_gym.task.models import (
     VerifierEnvironmentMode,
 )
 
-__all__ = ["Task", "Step", "StepArtifact", "VerifierImageSource", "ImageSourceKind", "effective_verifier_mode"]
+__all__ = [
+    "ImageSourceKind",
+    "Step",
+    "StepArtifact",
+    "Task",
+    "VerifierImageSource",
+    "effective_verifier_mode",
+]
 
 
 class ImageSourceKind(str, Enum):
     """VER-4: where a separate verifier's image comes from, in first-match order."""
 
     STEP_IMAGE = "step_image"  # [steps.verifier.environment].docker_image
-    STEP_TESTS_BUILD = "step_tests_build"  # Dockerfile / docker-compose.yaml in steps/<name>/tests/ (Harbor only)
+    STEP_TESTS_BUILD = (
+        "step_tests_build"  # Dockerfile / docker-compose.yaml in steps/<name>/tests/ (Harbor only)
+    )
     TASK_IMAGE = "task_image"  # [verifier.environment].docker_image
     TASK_TESTS_BUILD = "task_tests_build"  # Dockerfile / docker-compose.yaml in tests/
     AGENT_ENVIRONMENT = "agent_environment"  # the agent's environment definition (a copy of [environment])
@@ -107,16 +116,24 @@ class Step:
     agent_timeout_sec: float | None  # BUD-1 raw B: [steps.agent] else [agent]; None = unbounded
     verifier_timeout_sec: float  # BUD-2 raw: [steps.verifier].timeout_sec (600), single-step [verifier]'s
     agent_user: str | None  # USR-1: [steps.agent].user else [agent].user; None = image default
-    verifier_user: str | None  # USR-3: [steps.verifier].user else [verifier].user; None = image's original default
-    verifier_env: Mapping[str, str] = field(repr=False)  # [verifier].env < [steps.verifier].env, raw FMT-15 templates
+    verifier_user: (
+        str | None
+    )  # USR-3: [steps.verifier].user else [verifier].user; None = image's original default
+    verifier_env: Mapping[str, str] = field(
+        repr=False
+    )  # [verifier].env < [steps.verifier].env, raw FMT-15 templates
     verifier_mode: VerifierEnvironmentMode  # VER-1 (VER-2 is applied by effective_verifier_mode)
-    verifier_environment: EnvironmentConfig | None  # VER-3 table: step's else task's; None = copy of [environment]
+    verifier_environment: (
+        EnvironmentConfig | None
+    )  # VER-3 table: step's else task's; None = copy of [environment]
     separate_image_source: VerifierImageSource  # VER-4, under the semantics the task was loaded with
     healthcheck: HealthcheckConfig | None  # [steps.healthcheck] (TURN-7); None for single-step tasks
     artifacts: tuple[StepArtifact, ...]  # task's then step's (ART-1)
     collect: tuple[CollectHook, ...]  # task's then step's (ART-1)
     min_reward: float | Mapping[str, float] | None  # STOP-2/3
-    artifacts_declared: bool = field(default=False)  # task or step declares a non-empty artifacts list (VER-2)
+    artifacts_declared: bool = field(
+        default=False
+    )  # task or step declares a non-empty artifacts list (VER-2)
 
 
 def effective_verifier_mode(step: Step, *, separate_verifier_for_artifacts: bool) -> VerifierEnvironmentMode:
@@ -137,7 +154,8 @@ class Task:
         steps: the turns in order; a single-step task has one, named by ``id`` (GYM-9).
         is_multi_step: ``[[steps]]`` is declared.
         environment_dir: ``environment/`` if it exists.
-        dockerfile / compose_file: ``environment/Dockerfile`` / ``environment/docker-compose.yaml`` if they exist.
+        dockerfile / compose_file: ``environment/Dockerfile`` / ``environment/docker-compose.yaml`` if they
+            exist.
         timeout_multiplier: the dataset's m (BUD-1/2), 1.0 outside a dataset.
         first_step_trajectory: ``steps/<first>/trajectory.json`` if it exists (LOAD-20 at seed).
     """

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from harbor_gym.errors import EnvTemplateError
 
-__all__ = ["strip_canary", "resolve_env_templates", "is_env_template"]
+__all__ = ["is_env_template", "resolve_env_templates", "strip_canary"]
 
 _TEMPLATE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?\}$", re.DOTALL)
 
@@ -19,9 +19,9 @@ def _is_blank(line: str) -> bool:
 def strip_canary(text: str) -> str:
     """FMT-2: drop the leading canary lines and the blank lines after them.
 
-    A canary line is a ``#`` line containing "canary" (any case), or an HTML comment (``<!-- ... -->``, possibly
-    spanning lines) whose text contains "canary". Only the leading run counts: blank lines may sit between canary
-    lines; the first other line ends the run. Without a canary the text is returned unchanged.
+    A canary line is a ``#`` line containing "canary" (any case), or an HTML comment (``<!-- ... -->``,
+    possibly spanning lines) whose text contains "canary". Only the leading run counts: blank lines may sit
+    between canary lines; the first other line ends the run. Without a canary the text is returned unchanged.
     """
     lines = text.splitlines(keepends=True)
     i = 0
@@ -63,12 +63,13 @@ def is_env_template(value: str) -> bool:
 def resolve_env_templates(env: Mapping[str, str], host_env: Mapping[str, str]) -> dict[str, str]:
     """FMT-15: resolve env values that are exactly ``${VAR}`` / ``${VAR:-default}`` against ``host_env``.
 
-    ``${VAR}`` takes ``host_env[VAR]`` (an empty value counts as set); ``${VAR:-default}`` takes ``host_env[VAR]``
-    when set and non-empty, else ``default`` (shell semantics). Any other value is kept literally.
+    ``${VAR}`` takes ``host_env[VAR]`` (an empty value counts as set); ``${VAR:-default}`` takes
+    ``host_env[VAR]`` when set and non-empty, else ``default`` (shell semantics). Any other value is kept
+    literally.
 
     Raises:
-        EnvTemplateError: LOAD-23, naming the variable (``.variable``) and the env key (``field``), when ``${VAR}``
-            names a variable unset on the host. Nothing is resolved then.
+        EnvTemplateError: LOAD-23, naming the variable (``.variable``) and the env key (``field``), when
+            ``${VAR}`` names a variable unset on the host. Nothing is resolved then.
     """
     out: dict[str, str] = {}
     for key, value in env.items():

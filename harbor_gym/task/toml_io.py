@@ -1,7 +1,8 @@
-"""Reading and writing ``task.toml``: TOML parsing, legacy migration (FMT-13), unknown keys (FMT-14), error mapping.
+"""Reading and writing ``task.toml``: parsing, legacy keys (FMT-13), unknown keys (FMT-14), error mapping.
 
-This is the only place where pydantic's ``ValidationError`` is caught: every failure becomes a ``TaskLoadError``
-naming the file, the field path (``steps[1].verifier.timeout_sec``, ``environment.memory_mb``) and the rule.
+This is the only place where pydantic's ``ValidationError`` is caught: every failure becomes a
+``TaskLoadError`` naming the file, the field path (``steps[1].verifier.timeout_sec``,
+``environment.memory_mb``) and the rule.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from harbor_gym.task.legacy import migrate_legacy
 from harbor_gym.task.models import DatasetSettings, RuleViolation, TaskConfig
 
 __all__ = [
-    "UnknownKeyWarning",
     "LegacyKeyWarning",
-    "parse_task_toml",
-    "task_config_from_dict",
+    "UnknownKeyWarning",
     "dump_task_toml",
-    "parse_settings_toml",
     "find_unknown_keys",
     "format_field_path",
+    "parse_settings_toml",
+    "parse_task_toml",
+    "task_config_from_dict",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -38,7 +39,8 @@ class UnknownKeyWarning(UserWarning):
 
 
 class LegacyKeyWarning(DeprecationWarning):
-    """FMT-13: a ``task.toml`` uses legacy keys; they were migrated (dump the config to get the current form)."""
+    """FMT-13: a ``task.toml`` uses legacy keys; they were migrated (dump the config to get the current
+    form)."""
 
 
 def format_field_path(parts: list[str | int] | tuple[str | int, ...]) -> str:
@@ -106,10 +108,14 @@ def _clean_loc(loc: tuple[Any, ...], data: Any, missing: bool) -> list[str | int
     parts: list[str | int] = []
     cur = data
     for i, item in enumerate(loc):
-        if isinstance(item, int) and isinstance(cur, list) and 0 <= item < len(cur):
-            parts.append(item)
-            cur = cur[item]
-        elif isinstance(item, str) and isinstance(cur, dict) and item in cur:
+        if (
+            isinstance(item, int)
+            and isinstance(cur, list)
+            and 0 <= item < len(cur)
+            or isinstance(item, str)
+            and isinstance(cur, dict)
+            and item in cur
+        ):
             parts.append(item)
             cur = cur[item]
         elif isinstance(item, str) and isinstance(cur, dict) and missing and i == len(loc) - 1:
@@ -155,7 +161,9 @@ def task_config_from_dict(raw: dict[str, Any], *, path: Path) -> TaskConfig:
     try:
         data, legacy = migrate_legacy(raw)
     except RuleViolation as exc:
-        raise TaskLoadError(exc.message, path=path, field=format_field_path(_split_field(exc.field)), rule=exc.rule) from exc
+        raise TaskLoadError(
+            exc.message, path=path, field=format_field_path(_split_field(exc.field)), rule=exc.rule
+        ) from exc
     if legacy:
         names = ", ".join(format_field_path(_split_field(key)) for key in legacy)
         warnings.warn(LegacyKeyWarning(f"{path}: legacy keys migrated (FMT-13): {names}"), stacklevel=3)
@@ -185,10 +193,12 @@ def parse_task_toml(path: Path) -> TaskConfig:
 
 
 def parse_settings_toml(path: Path) -> DatasetSettings:
-    """Read and validate a dataset's ``dataset.toml`` (LOAD-16 for the multiplier, LOAD-1 for anything else)."""
+    """Read and validate a dataset's ``dataset.toml`` (LOAD-16 for the multiplier, LOAD-1 for anything
+    else)."""
     return _validate(DatasetSettings, _read_toml(path, "LOAD-1"), path, "dataset.toml")
 
 
 def dump_task_toml(config: TaskConfig) -> str:
-    """``task.toml`` text for ``config``: loading it gives a config equal to ``config`` (legacy keys migrated)."""
+    """``task.toml`` text for ``config``: loading it gives a config equal to ``config`` (legacy keys
+    migrated)."""
     return tomli_w.dumps(config.to_toml_dict())

@@ -44,10 +44,18 @@ class Builder:
         return self.base / (name or f"task{self.count}")
 
     def single(
-        self, toml: str = IMAGE, files: dict[str, str | None] | None = None, drop: Iterable[str] = (), name=None
+        self,
+        toml: str = IMAGE,
+        files: dict[str, str | None] | None = None,
+        drop: Iterable[str] = (),
+        name=None,
     ) -> Path:
         """A valid single-step task: task.toml, instruction.md, tests/test.sh (``drop`` removes some)."""
-        tree: dict[str, str | None] = {"task.toml": toml, "instruction.md": "Do it.\n", "tests/test.sh": TEST_SH}
+        tree: dict[str, str | None] = {
+            "task.toml": toml,
+            "instruction.md": "Do it.\n",
+            "tests/test.sh": TEST_SH,
+        }
         tree.update(files or {})
         for rel in drop:
             tree.pop(rel)
@@ -82,7 +90,9 @@ def build(tmp_path: Path) -> Builder:
     return Builder(tmp_path)
 
 
-def assert_refused(excinfo: pytest.ExceptionInfo[TaskLoadError], rule: str, field: str | None, folder: Path) -> None:
+def assert_refused(
+    excinfo: pytest.ExceptionInfo[TaskLoadError], rule: str, field: str | None, folder: Path
+) -> None:
     """The error names the rule, the field/step (substring) and the task folder, as LOAD-1..16 require."""
     err = excinfo.value
     text = str(err)

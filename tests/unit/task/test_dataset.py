@@ -18,8 +18,16 @@ def test_dataset_with_one_broken_task(tmp_path):
     build.single(name="good")
     build.multi(name="also-good")
     build.single(name="broken", drop=["tests/test.sh"])
-    write_tree(tmp_path / "ds", {"docs/README.md": "x", ".hidden/task.toml": "x", "__pycache__/x.pyc": "x",
-                                 "halfway/instruction.md": "x", "notes.txt": "x"})
+    write_tree(
+        tmp_path / "ds",
+        {
+            "docs/README.md": "x",
+            ".hidden/task.toml": "x",
+            "__pycache__/x.pyc": "x",
+            "halfway/instruction.md": "x",
+            "notes.txt": "x",
+        },
+    )
     ds = load_dataset(tmp_path / "ds")
     assert ds.task_ids == ("also-good", "good")
     assert set(ds.failures) == {"broken", "halfway"}

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 
 from harbor_gym.task import UnknownKeyWarning, dump_task_toml, load_task, parse_task_toml
-
-from pathlib import Path
 
 ENVS_DIR = Path(__file__).resolve().parents[3] / "envs"
 EXAMPLES = sorted(p for p in ENVS_DIR.iterdir() if (p / "task.toml").is_file()) if ENVS_DIR.is_dir() else []

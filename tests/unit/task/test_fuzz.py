@@ -1,4 +1,4 @@
-"""Property: any task.toml text either loads (and round-trips) or raises TaskLoadError, nothing else (LOAD-1)."""
+"""Property (LOAD-1): any task.toml text either loads (and round-trips) or raises TaskLoadError."""
 
 from __future__ import annotations
 
@@ -22,12 +22,35 @@ toml_scalars = st.one_of(
     st.integers(min_value=-(2**63), max_value=2**63 - 1),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12),
-    st.sampled_from(["shared", "separate", "public", "no-network", "allowlist", "mean", "final", "linux", "windows",
-                     "2G", "512M", "/abs", "../up", "manifest.json", "db", "main", "one", "*.a.com", "${X}"]),
+    st.sampled_from(
+        [
+            "shared",
+            "separate",
+            "public",
+            "no-network",
+            "allowlist",
+            "mean",
+            "final",
+            "linux",
+            "windows",
+            "2G",
+            "512M",
+            "/abs",
+            "../up",
+            "manifest.json",
+            "db",
+            "main",
+            "one",
+            "*.a.com",
+            "${X}",
+        ]
+    ),
 )
 toml_values = st.recursive(
     toml_scalars,
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -71,7 +94,11 @@ def mutated_texts(draw):
             end = draw(st.integers(pos, min(len(text), pos + 20)))
             text = text[:pos] + text[end:]
         else:
-            text = text[:pos] + draw(st.text(alphabet='[]{}="\n .,#-0123456789abcdefx_', max_size=6)) + text[pos:]
+            text = (
+                text[:pos]
+                + draw(st.text(alphabet='[]{}="\n .,#-0123456789abcdefx_', max_size=6))
+                + text[pos:]
+            )
     return text
 
 
@@ -89,8 +116,13 @@ def _check(folder, text):
 
 
 def _folder(tmp_path_factory):
-    files = {"instruction.md": "x\n", "tests/test.sh": TEST_SH, "environment/Dockerfile": "FROM x\n",
-             "environment/docker-compose.yaml": "services: {}\n", "solution/solve.sh": "true\n"}
+    files = {
+        "instruction.md": "x\n",
+        "tests/test.sh": TEST_SH,
+        "environment/Dockerfile": "FROM x\n",
+        "environment/docker-compose.yaml": "services: {}\n",
+        "solution/solve.sh": "true\n",
+    }
     for step in ("01-setup", "02-finish", "only", "one"):
         files[f"steps/{step}/instruction.md"] = "x\n"
     return write_tree(tmp_path_factory.mktemp("fuzz") / "task", files)

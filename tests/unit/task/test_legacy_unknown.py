@@ -14,7 +14,9 @@ from .conftest import IMAGE, steps_toml
 def _load(build, toml, **kwargs):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        task = load_task(build.single(toml=toml) if "[[steps]]" not in toml else build.multi(toml=toml, steps=["one"]))
+        task = load_task(
+            build.single(toml=toml) if "[[steps]]" not in toml else build.multi(toml=toml, steps=["one"])
+        )
     return task, caught
 
 
@@ -61,7 +63,11 @@ def test_fmt_13_multi_step_reward_mode_dropped(build):
         ("allow_internet = true", "public", None),
         ("allow_internet = false", "no-network", None),
         ('allow_internet = false\nnetwork_mode = "public"', "public", None),
-        ('allow_internet = true\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.com"]', "allowlist", ("a.com",)),
+        (
+            'allow_internet = true\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.com"]',
+            "allowlist",
+            ("a.com",),
+        ),
     ],
 )
 def test_fmt_13_allow_internet(build, body, mode, hosts):
@@ -99,13 +105,19 @@ def test_fmt_13_one_legacy_warning(build):
 def test_fmt_14_unknown_keys_one_warning(build):
     # SPEC: FMT-14 — unknown keys ignored, exactly one warning listing all of them
     toml = "colour = 1\n" + IMAGE + "flavour = 2\n[agent]\nmood = 3\n" + steps_toml(["one"])
-    toml += "shade = 4\n[steps.verifier]\nweight = 5\n[[steps.verifier.collect]]\ncommand = \"x\"\nsize = 6\n"
+    toml += 'shade = 4\n[steps.verifier]\nweight = 5\n[[steps.verifier.collect]]\ncommand = "x"\nsize = 6\n'
     task, caught = _load(build, toml)
     unknown = [w for w in caught if issubclass(w.category, UnknownKeyWarning)]
     assert len(unknown) == 1
     text = str(unknown[0].message)
-    for key in ("colour", "environment.flavour", "agent.mood", "steps[0].shade", "steps[0].verifier.weight",
-                "steps[0].verifier.collect[0].size"):
+    for key in (
+        "colour",
+        "environment.flavour",
+        "agent.mood",
+        "steps[0].shade",
+        "steps[0].verifier.weight",
+        "steps[0].verifier.collect[0].size",
+    ):
         assert key in text
     assert "FMT-14" in text
     assert task.steps[0].name == "one"
@@ -113,6 +125,6 @@ def test_fmt_14_unknown_keys_one_warning(build):
 
 def test_fmt_14_free_tables_are_not_unknown(build):
     # SPEC: FMT-4 ([metadata] free), FMT-7 (env free)
-    toml = "[metadata]\nanything = 1\n" + IMAGE + "env = { X = \"1\" }\n[verifier]\nenv = { Y = \"2\" }\n"
+    toml = "[metadata]\nanything = 1\n" + IMAGE + 'env = { X = "1" }\n[verifier]\nenv = { Y = "2" }\n'
     _, caught = _load(build, toml)
     assert not [w for w in caught if issubclass(w.category, UnknownKeyWarning)]

@@ -20,7 +20,7 @@ def refused(path, rule, field=None, folder=None, **kwargs):
     return excinfo.value
 
 
-# --- LOAD-1 -----------------------------------------------------------------------------------------------------
+# --- LOAD-1 -------------------------------------------------------------------------------------------------
 
 
 def test_load_1_task_toml_missing(build):
@@ -47,16 +47,16 @@ def test_load_1_task_folder_missing(tmp_path):
         (IMAGE + "memory_mb = 1.5\n", "environment.memory_mb"),
         (IMAGE + "memory_mb = true\n", "environment.memory_mb"),
         (IMAGE + 'network_mode = "offline"\n', "environment.network_mode"),
-        (IMAGE + 'env = { A = 1 }\n', "environment.env.A"),
+        (IMAGE + "env = { A = 1 }\n", "environment.env.A"),
         (IMAGE + "[verifier]\ntimeout_sec = nan\n", "verifier.timeout_sec"),
         (IMAGE + "[verifier]\ntimeout_sec = inf\n", "verifier.timeout_sec"),
         (IMAGE + "[verifier]\ntimeout_sec = -1\n", "verifier.timeout_sec"),
         (IMAGE + '[verifier]\nenvironment_mode = "both"\n', "verifier.environment_mode"),
         (IMAGE + "[agent]\ntimeout_sec = false\n", "agent.timeout_sec"),
-        (IMAGE + "[[verifier.collect]]\nservice = \"main\"\n", "verifier.collect[0].command"),
+        (IMAGE + '[[verifier.collect]]\nservice = "main"\n', "verifier.collect[0].command"),
         (IMAGE + "[environment.healthcheck]\ninterval_sec = 1\n", "environment.healthcheck.command"),
         ('multi_step_reward_strategy = "median"\n' + IMAGE, "multi_step_reward_strategy"),
-        ('schema_version = 1.4\n' + IMAGE, "schema_version"),
+        ("schema_version = 1.4\n" + IMAGE, "schema_version"),
         (IMAGE + '[task]\nname = "no-slash"\n', "task.name"),
         (IMAGE + '[task]\nname = "org/../x"\n', "task.name"),
         (IMAGE + '[task]\nname = "org/x"\nversion = ""\n', "task.version"),
@@ -78,14 +78,14 @@ def test_load_1_step_field_path(build):
     refused(root, "LOAD-1", "steps[1].verifier.timeout_sec")
 
 
-@pytest.mark.parametrize("value", ['"high"', "true", "{ reward = \"1\" }", "nan", "[1]"])
+@pytest.mark.parametrize("value", ['"high"', "true", '{ reward = "1" }', "nan", "[1]"])
 def test_load_1_min_reward_number_or_table(build, value):
     # SPEC: LOAD-1, FMT-11 — min_reward is a finite number or a table of numbers
     root = build.multi(toml=IMAGE + f'[[steps]]\nname = "one"\nmin_reward = {value}\n', steps=["one"])
     refused(root, "LOAD-1", "steps[0].min_reward")
 
 
-# --- LOAD-2 -----------------------------------------------------------------------------------------------------
+# --- LOAD-2 -------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["-lead", "a b", "a/b", "", "é", ".hidden"])
@@ -101,7 +101,7 @@ def test_load_2_step_names_equal_after_casefold(build):
     refused(root, "LOAD-2", "steps[2].name")
 
 
-# --- LOAD-3 / 4 / 5 --------------------------------------------------------------------------------------------
+# --- LOAD-3 / 4 / 5 ----------------------------------------------------------------------------------------
 
 
 def test_load_3_step_without_folder(build):
@@ -141,7 +141,7 @@ def test_load_5_single_step_without_test_sh(build):
     refused(root, "LOAD-5", "tests/test.sh")
 
 
-# --- LOAD-6 -----------------------------------------------------------------------------------------------------
+# --- LOAD-6 -------------------------------------------------------------------------------------------------
 
 
 def test_load_6_separate_step_own_tests_without_image(build):
@@ -186,7 +186,7 @@ def test_load_6_allowed_cases(build):
     assert task.steps[0].separate_image_source.kind == "step_tests_build"
 
 
-# --- LOAD-7 -----------------------------------------------------------------------------------------------------
+# --- LOAD-7 -------------------------------------------------------------------------------------------------
 
 
 def test_load_7_shared_with_environment_task_level(build):
@@ -202,18 +202,30 @@ def test_load_7_shared_with_environment_step_level(build):
     refused(build.multi(toml=toml, steps=["one"]), "LOAD-7", "steps[0].verifier.environment_mode")
 
 
-# --- LOAD-8 / 9 / 10 --------------------------------------------------------------------------------------------
+# --- LOAD-8 / 9 / 10 ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("table", "body", "field"),
     [
         ("steps.agent", 'network_mode = "no-network"', "steps[0].agent.network_mode"),
-        ("steps.agent", 'network_mode = "allowlist"\nallowed_hosts = ["a.com"]', "steps[0].agent.allowed_hosts"),
+        (
+            "steps.agent",
+            'network_mode = "allowlist"\nallowed_hosts = ["a.com"]',
+            "steps[0].agent.allowed_hosts",
+        ),
         ("steps.verifier", 'network_mode = "no-network"', "steps[0].verifier.network_mode"),
         ("steps.agent", "allow_internet = false", "steps[0].agent.network_mode"),
-        ("steps.verifier.environment", 'docker_image = "v"\nallow_internet = false', "steps[0].verifier.environment"),
-        ("steps.verifier.environment", 'docker_image = "v"\nnetwork_mode = "no-network"', "steps[0].verifier.environment"),
+        (
+            "steps.verifier.environment",
+            'docker_image = "v"\nallow_internet = false',
+            "steps[0].verifier.environment",
+        ),
+        (
+            "steps.verifier.environment",
+            'docker_image = "v"\nnetwork_mode = "no-network"',
+            "steps[0].verifier.environment",
+        ),
     ],
 )
 def test_load_8_step_network_restriction(build, table, body, field):
@@ -251,11 +263,14 @@ def test_load_9_all_separate_is_fine(build):
 def test_load_10_allowed_hosts_without_allowlist(build):
     # SPEC: LOAD-10
     refused(build.single(toml=IMAGE + 'allowed_hosts = ["a.com"]\n'), "LOAD-10", "environment.allowed_hosts")
-    refused(build.single(toml=IMAGE + '[agent]\nallowed_hosts = ["a.com"]\n'), "LOAD-10", "agent.allowed_hosts")
+    refused(
+        build.single(toml=IMAGE + '[agent]\nallowed_hosts = ["a.com"]\n'), "LOAD-10", "agent.allowed_hosts"
+    )
 
 
 @pytest.mark.parametrize(
-    "entry", ["https://a.com", "a.com:443", "a.com/path", "/etc/hosts", "a.*.com", "*a.com", "*", "**.a.com", ""]
+    "entry",
+    ["https://a.com", "a.com:443", "a.com/path", "/etc/hosts", "a.*.com", "*a.com", "*", "**.a.com", ""],
 )
 def test_load_10_bad_host_entries(build, entry):
     # SPEC: LOAD-10 — URLs, ports, paths, wildcards other than a leading "*."
@@ -265,11 +280,13 @@ def test_load_10_bad_host_entries(build, entry):
 
 def test_load_10_good_host_entries(build):
     # SPEC: LOAD-10
-    toml = IMAGE + 'network_mode = "allowlist"\nallowed_hosts = ["a.com", "*.b.org", "10.0.0.1", "localhost"]\n'
+    toml = (
+        IMAGE + 'network_mode = "allowlist"\nallowed_hosts = ["a.com", "*.b.org", "10.0.0.1", "localhost"]\n'
+    )
     assert load_task(build.single(toml=toml)).config.environment.allowed_hosts[1] == "*.b.org"
 
 
-# --- LOAD-11 ----------------------------------------------------------------------------------------------------
+# --- LOAD-11 ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -294,10 +311,13 @@ def test_load_11_verifier_environment_too(build):
 
 def test_load_11_agreeing_values_are_fine(build):
     # SPEC: LOAD-11 — no conflict when they agree
-    assert load_task(build.single(toml=IMAGE + 'memory = "2G"\nmemory_mb = 2048\n')).config.environment.memory_mb == 2048
+    assert (
+        load_task(build.single(toml=IMAGE + 'memory = "2G"\nmemory_mb = 2048\n')).config.environment.memory_mb
+        == 2048
+    )
 
 
-# --- LOAD-12 ----------------------------------------------------------------------------------------------------
+# --- LOAD-12 ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -345,12 +365,14 @@ def test_load_12_sidecar_without_compose(build, toml, field):
 def test_load_12_sidecar_with_compose_is_fine(build):
     # SPEC: LOAD-12
     toml = 'artifacts = [{ source = "/var/log", service = "db" }]\n'
-    root = build.single(toml=toml, files={"environment/docker-compose.yaml": "services: {main: {}, db: {}}\n"})
+    root = build.single(
+        toml=toml, files={"environment/docker-compose.yaml": "services: {main: {}, db: {}}\n"}
+    )
     task = load_task(root)
     assert task.has_compose and task.steps[0].artifacts[0].service == "db"
 
 
-# --- LOAD-13 ----------------------------------------------------------------------------------------------------
+# --- LOAD-13 ------------------------------------------------------------------------------------------------
 
 
 def test_load_13_tests_outside_task_folder(build, tmp_path):
@@ -406,12 +428,12 @@ def test_load_13_harborignore_of_other_files_is_fine(build):
     load_task(build.single(files={"tests/.harborignore": "*.pyc\n", "tests/x.pyc": "bin"}))
 
 
-# --- LOAD-14 / 15 / 16 ------------------------------------------------------------------------------------------
+# --- LOAD-14 / 15 / 16 --------------------------------------------------------------------------------------
 
 
 def test_load_14_no_environment(build):
     # SPEC: LOAD-14
-    refused(build.single(toml='[environment]\ncpus = 1\n'), "LOAD-14", "environment.docker_image")
+    refused(build.single(toml="[environment]\ncpus = 1\n"), "LOAD-14", "environment.docker_image")
     refused(build.single(toml=""), "LOAD-14", "environment")
 
 

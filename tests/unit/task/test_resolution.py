@@ -66,19 +66,34 @@ def test_ver_2_artifacts_force_separate(build):
 
 def test_bud_usr_raw_resolution(build):
     # SPEC: BUD-1 (step else [agent], raw), BUD-2 (step 600 default, never [verifier]'s), USR-1, USR-3
-    toml = IMAGE + '[agent]\ntimeout_sec = 100\nuser = "agent"\n[verifier]\ntimeout_sec = 77\nuser = "vroot"\n'
-    toml += '[[steps]]\nname = "one"\n[steps.agent]\ntimeout_sec = 10\nuser = "alice"\n[steps.verifier]\ntimeout_sec = 20\nuser = "bob"\n'
+    toml = (
+        IMAGE + '[agent]\ntimeout_sec = 100\nuser = "agent"\n[verifier]\ntimeout_sec = 77\nuser = "vroot"\n'
+    )
+    toml += '[[steps]]\nname = "one"\n[steps.agent]\ntimeout_sec = 10\nuser = "alice"\n'
+    toml += '[steps.verifier]\ntimeout_sec = 20\nuser = "bob"\n'
     toml += '[[steps]]\nname = "two"\n'
     one, two = load_task(build.multi(toml=toml), timeout_multiplier=3).steps
-    assert (one.agent_timeout_sec, one.verifier_timeout_sec, one.agent_user, one.verifier_user) == (10, 20, "alice", "bob")
-    assert (two.agent_timeout_sec, two.verifier_timeout_sec, two.agent_user, two.verifier_user) == (100, 600, "agent", "vroot")
+    assert (one.agent_timeout_sec, one.verifier_timeout_sec, one.agent_user, one.verifier_user) == (
+        10,
+        20,
+        "alice",
+        "bob",
+    )
+    assert (two.agent_timeout_sec, two.verifier_timeout_sec, two.agent_user, two.verifier_user) == (
+        100,
+        600,
+        "agent",
+        "vroot",
+    )
 
 
 def test_bud_unbounded_and_single_step(build):
     # SPEC: BUD-1 (unbounded), BUD-2 single-step uses [verifier].timeout_sec
     task = load_task(build.single(toml=IMAGE + "[verifier]\ntimeout_sec = 42\n"), timeout_multiplier=2.5)
     step = task.steps[0]
-    assert step.agent_timeout_sec is None and step.verifier_timeout_sec == 42 and task.timeout_multiplier == 2.5
+    assert (
+        step.agent_timeout_sec is None and step.verifier_timeout_sec == 42 and task.timeout_multiplier == 2.5
+    )
     assert step.agent_user is None and step.verifier_user is None
 
 
@@ -87,7 +102,12 @@ def test_gym_9_single_step_is_one_turn_named_by_task_id():
     task = load_task(FIXTURES / "single-minimal")
     assert not task.is_multi_step and task.id == "single-minimal" and len(task.steps) == 1
     step = task.steps[0]
-    assert step.name == "single-minimal" and step.index == 0 and step.config is None and task.step("single-minimal") is step
+    assert (
+        step.name == "single-minimal"
+        and step.index == 0
+        and step.config is None
+        and task.step("single-minimal") is step
+    )
     assert step.healthcheck is None and step.workdir_dir is None and step.setup_script is None
     assert step.tests_layers == (task.path / "tests",) and step.test_script == task.path / "tests" / "test.sh"
     assert step.validatable and step.solution_dir == task.path / "solution"
@@ -101,7 +121,12 @@ def test_multi_full_fixture_resolution():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         task = load_task(FIXTURES / "multi-full")
-    assert task.id == "multi-full" and task.is_multi_step and task.compose_file is not None and task.path.is_absolute()
+    assert (
+        task.id == "multi-full"
+        and task.is_multi_step
+        and task.compose_file is not None
+        and task.path.is_absolute()
+    )
     one, two = task.steps
     assert (one.index, two.index) == (0, 1)
     # VER-6 layers and VER-8 script
@@ -113,13 +138,20 @@ def test_multi_full_fixture_resolution():
     assert one.verifier_environment.docker_image == "verifier:step1" and one.verifier_environment.cpus is None
     assert two.verifier_environment.docker_image == "verifier:1"
     # VER-4
-    assert one.separate_image_source.kind == ImageSourceKind.STEP_IMAGE and not one.separate_image_source.uploads_tests
+    assert (
+        one.separate_image_source.kind == ImageSourceKind.STEP_IMAGE
+        and not one.separate_image_source.uploads_tests
+    )
     assert two.separate_image_source.kind == ImageSourceKind.TASK_IMAGE
     # VER-7 env merge, raw templates
     assert one.verifier_env == {"MODE": "strict", "SHARED": "step", "ONLY_STEP": "1"}
     assert two.verifier_env == {"MODE": "strict", "SHARED": "task"}
     # ART-1: task's then step's, with origin; hooks task's then step's
-    assert [(a.origin, a.source) for a in one.artifacts] == [("task", "/app/log.txt"), ("task", "/var/log/db"), ("step", "/app/step1.txt")]
+    assert [(a.origin, a.source) for a in one.artifacts] == [
+        ("task", "/app/log.txt"),
+        ("task", "/var/log/db"),
+        ("step", "/app/step1.txt"),
+    ]
     assert [h.command for h in one.collect] == [
         "cp /var/log/app.log /logs/artifacts/",
         "pg_dump > /dump.sql",
@@ -151,12 +183,22 @@ def test_oracle_1_3_solution_choice(build):
 def test_ver_4_sources(build):
     # SPEC: VER-4 — tests/ Dockerfile, then the agent environment (the only case uploading tests)
     toml = IMAGE + '[verifier]\nenvironment_mode = "separate"\n' + steps_toml(["one"])
-    task = load_task(build.multi(toml=toml, steps=["one"], own_tests=False, files={"tests/Dockerfile": "FROM x\n"}))
+    task = load_task(
+        build.multi(toml=toml, steps=["one"], own_tests=False, files={"tests/Dockerfile": "FROM x\n"})
+    )
     src = task.steps[0].separate_image_source
-    assert src.kind == ImageSourceKind.TASK_TESTS_BUILD and src.dockerfile.name == "Dockerfile" and not src.uploads_tests
+    assert (
+        src.kind == ImageSourceKind.TASK_TESTS_BUILD
+        and src.dockerfile.name == "Dockerfile"
+        and not src.uploads_tests
+    )
     task = load_task(build.multi(toml=toml, steps=["one"], own_tests=False))
     src = task.steps[0].separate_image_source
-    assert src.kind == ImageSourceKind.AGENT_ENVIRONMENT and src.uploads_tests and src.docker_image == "debian:bookworm-slim"
+    assert (
+        src.kind == ImageSourceKind.AGENT_ENVIRONMENT
+        and src.uploads_tests
+        and src.docker_image == "debian:bookworm-slim"
+    )
 
 
 def test_load_20_first_step_trajectory_is_found(build):

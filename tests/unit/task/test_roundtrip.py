@@ -81,7 +81,12 @@ def test_fmt_4_to_9_defaults():
     assert config.schema_version == "1.4" and config.source is None
     assert config.multi_step_reward_strategy is None and config.artifacts == () and config.steps is None
     assert config.task is None and config.metadata == {}
-    assert (config.agent.timeout_sec, config.agent.user, config.agent.network_mode, config.agent.allowed_hosts) == (
+    assert (
+        config.agent.timeout_sec,
+        config.agent.user,
+        config.agent.network_mode,
+        config.agent.allowed_hosts,
+    ) == (
         None,
         None,
         None,
@@ -89,12 +94,25 @@ def test_fmt_4_to_9_defaults():
     )
     assert config.solution.env == {}
     v = config.verifier
-    assert (v.timeout_sec, v.env, v.user, v.environment_mode, v.environment, v.collect) == (600.0, {}, None, None, None, ())
+    assert (v.timeout_sec, v.env, v.user, v.environment_mode, v.environment, v.collect) == (
+        600.0,
+        {},
+        None,
+        None,
+        None,
+        (),
+    )
     e = config.environment
     assert e.build_timeout_sec == 600.0 and e.os == "linux" and e.mcp_servers == () and e.env == {}
     assert e.network_mode == "public" and e.docker_image is None and e.memory_mb is None and e.workdir is None
     h = HealthcheckConfig(command="true")
-    assert (h.interval_sec, h.timeout_sec, h.start_period_sec, h.start_interval_sec, h.retries) == (5.0, 30.0, 0.0, 5.0, 3)
+    assert (h.interval_sec, h.timeout_sec, h.start_period_sec, h.start_interval_sec, h.retries) == (
+        5.0,
+        30.0,
+        0.0,
+        5.0,
+        3,
+    )
     c = CollectHook(command="x")
     assert (c.service, c.timeout_sec, c.user) == ("main", 60.0, None)
     assert StepVerifierConfig().timeout_sec == 600.0
@@ -104,11 +122,11 @@ def test_models_are_frozen_and_describe_every_field():
     # STYLE: frozen models, Field(description=) on every field
     with pytest.raises(ValidationError):
         EnvironmentConfig().cpus = 2  # type: ignore[misc]
-    from harbor_gym.task import models
+    from harbor_gym.task import models, tables
 
     for name in models.__all__:
         obj = getattr(models, name)
-        if isinstance(obj, type) and issubclass(obj, models._Model):
+        if isinstance(obj, type) and issubclass(obj, tables._Model):
             for field_name, info in obj.model_fields.items():
                 assert info.description, f"{name}.{field_name} lacks a description"
 
