@@ -224,14 +224,17 @@ def _resolve_step(
 
 
 def load_task(
-    path: str | os.PathLike[str], config: EnvConfig | None = None, *, timeout_multiplier: float = 1.0
+    path: str | os.PathLike[str],
+    config: EnvConfig | dict | None = None,
+    *,
+    timeout_multiplier: float = 1.0,
 ) -> Task:
     """Load and validate a task folder (GYM-1, SPEC §2-3); nothing starts.
 
     Args:
         path: the task folder; its name is the task ID (FMT-3).
         config: read for ``semantics`` (VER-4, LOAD-6) and ``separate_verifier_for_artifacts`` (VER-2 in
-            LOAD-6); default ``EnvConfig()``.
+            LOAD-6); a ``dict`` is coerced, ``None`` means ``EnvConfig()``.
         timeout_multiplier: the dataset's m (LOAD-16), stored on the Task; budgets stay raw.
 
     Returns:
@@ -245,7 +248,7 @@ def load_task(
         UnknownKeyWarning: once, listing every unknown key (FMT-14).
         LegacyKeyWarning: once, listing every migrated legacy key (FMT-13).
     """
-    cfg = config if config is not None else EnvConfig()
+    cfg = EnvConfig.coerce(config)
     semantics = Semantics(cfg.semantics)
     root = Path(os.path.abspath(os.fspath(path)))
     if not root.is_dir():
