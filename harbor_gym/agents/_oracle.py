@@ -14,7 +14,7 @@ ORACLE_LOG = "/logs/agent/oracle.txt"
 # Make solve.sh executable and run it directly (its shebang picks the interpreter), output to the log; print the
 # log's tail so the host gets it without another round trip.
 _RUN = (
-    "chmod +x /solution/solve.sh 2>/dev/null; mkdir -p /logs/agent 2>/dev/null; "
+    "chmod +x /solution/solve.sh 2>/dev/null; mkdir -p /logs/agent 2>/dev/null; rm -f " + ORACLE_LOG + " 2>/dev/null; "
     "/solution/solve.sh > " + ORACLE_LOG + " 2>&1; rc=$?; tail -c 4096 " + ORACLE_LOG + " 2>/dev/null; exit $rc"
 )
 

@@ -1,0 +1,148 @@
+"""Artifact collection per turn (SPEC ART-1..5, DIFF-13): collect hooks, then entries, into the turn's
+``artifacts/`` folder with a ``manifest.json``."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+import posixpath
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from harbor_gym.errors import SandboxError, SandboxPathError
+from harbor_gym.episode._records import ManifestEntry
+from harbor_gym.sandbox.base import ExecResult, Sandbox
+from harbor_gym.task import CollectHook, Step
+
+__all__ = ["ArtifactPlan", "plan_entries", "collect", "CONVENTION_SOURCE", "output_path_conflicts"]
+
+_log = logging.getLogger("harbor_gym.episode")
+
+#: ART-2: the convention entry.
+CONVENTION_SOURCE = "/logs/artifacts"
+
+
+@dataclass(frozen=True)
+class ArtifactPlan:
+    """One entry to collect, in ART-1 order."""
+
+    source: str
+    destination: str  # relative to artifacts/
+    exclude: tuple[str, ...]
+    service: str | None
+    origin: str  # convention | task | step
+
+
+def plan_entries(step: Step) -> list[ArtifactPlan]:
+    """ART-1/2/4: ``main``'s entries (the convention entry unless an entry names ``/logs/artifacts`` for main, then
+    the task's, then the step's), then sidecars' entries in the same order."""
+    entries = [
+        ArtifactPlan(a.source, _dest(a.source, a.destination), tuple(a.exclude),
+                     None if a.service in (None, "main") else a.service, a.origin)
+        for a in step.artifacts
+    ]
+    names_convention = any(e.service is None and posixpath.normpath(e.source) == CONVENTION_SOURCE for e in entries)
+    main = [e for e in entries if e.service is None]
+    if not names_convention:
+        main.insert(0, ArtifactPlan(CONVENTION_SOURCE, _dest(CONVENTION_SOURCE, None), (), None, "convention"))
+    return main + [e for e in entries if e.service is not None]
+
+
+def _dest(source: str, destination: str | None) -> str:
+    """ART-4: ``destination``, else the source path minus its leading ``/``."""
+    return posixpath.normpath(destination if destination else source.lstrip("/"))
+
+
+def output_path_conflicts(path: str, earlier: Sequence[str]) -> bool:
+    """ART-5: ``path`` equals, contains or is inside an earlier output path."""
+    for other in earlier:
+        if path == other or path.startswith(other + "/") or other.startswith(path + "/"):
+            return True
+    return False
+
+
+def run_hooks(hooks: Sequence[CollectHook], run: Callable[[str, str | None, float], ExecResult | None]) -> None:
+    """ART-1/3: ``main``'s hooks in file order via ``bash -c`` as the hook's user (else the service's); failures
+    and timeouts are only logged. Sidecar hooks are logged as not run (no sidecars here)."""
+    for hook in hooks:
+        if hook.service not in (None, "main"):
+            _log.warning("collect hook for service %r not run: no sidecars on this provider (ART-3)", hook.service)
+            continue
+        result = run(hook.command, hook.user, float(hook.timeout_sec))
+        if result is not None and not result.ok:
+            _log.warning("collect hook %r failed (exit %s, timed out %s) (ART-3)", hook.command, result.exit_code,
+                         result.timed_out)
+
+
+def collect(sandbox: Sandbox | None, plan: Sequence[ArtifactPlan], out_dir: Path, *, harbor: bool,
+            write_manifest: bool = True) -> tuple[ManifestEntry, ...]:
+    """ART-3/4/5: copy each planned entry from ``sandbox`` into ``out_dir`` and write ``manifest.json``.
+
+    Best effort: a failed copy is recorded ``failed``; an entry whose output path conflicts with an earlier one
+    is ``skipped``; an existing empty folder is ``empty``. ``origin`` is left out under Harbor (DIFF-13).
+
+    Raises:
+        SandboxError: only when the sandbox itself is out (not alive), so the engine records an outage.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest: list[ManifestEntry] = []
+    done: list[str] = []
+    for entry in plan:
+        status, kind = "failed", "directory"
+        if output_path_conflicts(entry.destination, done):
+            status = "skipped"
+        elif entry.service is not None or sandbox is None:
+            _log.warning("artifact %s of service %r not collected: no sidecars on this provider", entry.source,
+                         entry.service)
+        else:
+            status, kind = _copy(sandbox, entry, out_dir)
+            done.append(entry.destination)
+        manifest.append(ManifestEntry(entry.source, entry.destination, kind, status, entry.service,
+                                      entry.exclude, None if harbor else entry.origin))
+    if write_manifest:
+        (out_dir / "manifest.json").write_text(json.dumps([m.to_dict() for m in manifest], indent=2))
+    return tuple(manifest)
+
+
+def _copy(sandbox: Sandbox, entry: ArtifactPlan, out_dir: Path) -> tuple[str, str]:
+    with tempfile.TemporaryDirectory(prefix="hg-art-") as tmp:
+        try:
+            got = sandbox.get(entry.source, Path(tmp))
+        except SandboxPathError:
+            return "failed", "directory"
+        except SandboxError as exc:
+            if not sandbox.is_alive():
+                raise
+            _log.warning("artifact %s not copied: %s (ART-3)", entry.source, exc)
+            return "failed", "directory"
+        target = out_dir / entry.destination
+        if got.is_dir():
+            if entry.exclude:
+                _apply_exclude(got, entry.exclude)
+            has_files = any(files or dirs for _, dirs, files in os.walk(got))
+            target.mkdir(parents=True, exist_ok=True)
+            for child in got.iterdir():
+                shutil.move(str(child), str(target / child.name))
+            return ("ok" if has_files else "empty"), "directory"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(got), str(target))
+        return "ok", "file"
+
+
+def _apply_exclude(root: Path, patterns: Sequence[str]) -> None:
+    """ART-5: ``exclude`` globs, matched against each path relative to the folder and against its name."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=True):
+        for name in list(dirnames) + list(filenames):
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            if any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(name, p) for p in patterns):
+                if full.is_dir() and not full.is_symlink():
+                    shutil.rmtree(full)
+                    dirnames.remove(name)
+                else:
+                    full.unlink()

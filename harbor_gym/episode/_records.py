@@ -1,0 +1,146 @@
+"""Frozen, picklable results of the turn engine: `TurnRecord`, `EpisodeResult`, `TurnResult`, `ManifestEntry`
+(SPEC GYM-8, ART-4). Each has ``to_dict()`` giving JSON-able data."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["TurnRecord", "EpisodeResult", "TurnResult", "ManifestEntry"]
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One artifact entry of a turn (ART-4): where it came from and what became of it.
+
+    ``origin`` is ``convention``, ``task`` or ``step`` (``None`` under ``semantics="harbor"``, DIFF-13).
+    """
+
+    source: str
+    destination: str
+    type: str  # "file" | "directory"
+    status: str  # "ok" | "failed" | "empty" | "skipped"
+    service: str | None = None
+    exclude: tuple[str, ...] = ()
+    origin: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """ART-4's JSON object for this entry (``origin`` left out under Harbor)."""
+        data = {"source": self.source, "destination": self.destination, "type": self.type, "status": self.status,
+                "service": self.service, "exclude": list(self.exclude)}
+        if self.origin is not None:
+            data["origin"] = self.origin
+        return data
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """What one turn did (GYM-8).
+
+    Attributes:
+        task_id, step_name, index: which turn (``index`` 0-based).
+        instruction: what the agent received (TURN-9).
+        reward: the turn reward (RWD-5); ``0.0`` for a measured 0; ``None`` when the turn has no reward (masked,
+            ungraded, or no result under Harbor).
+        verifier_rewards: the reward file's values (``{}`` when none counts).
+        reward_valid: a valid reward file was read (RWD-1..3).
+        masked, mask_reason: the turn was masked (VER-11) and why.
+        verifier_mode: ``shared``/``separate`` when the verifier ran, else ``None``.
+        failure_kind: e.g. ``harbor:step_setup_failed``, ``harbor_gym:sandbox_outage``; ``None`` when none.
+        min_reward_missed: STOP-2..4.
+        agent_status: ``completed``/``timeout``/``error``, ``None`` when the agent did not run.
+        exit_code, output_tail: of the agent's command, when known.
+        manifest: the artifact manifest (ART-4).
+        log_dir: the turn's host log folder when ``EnvConfig.logs_root`` is set, else ``None``.
+        timings: phase name -> seconds.
+    """
+
+    task_id: str
+    step_name: str
+    index: int
+    instruction: str
+    reward: float | None
+    verifier_rewards: dict[str, float]
+    reward_valid: bool
+    masked: bool
+    verifier_mode: str | None
+    failure_kind: str | None
+    min_reward_missed: bool
+    agent_status: str | None
+    exit_code: int | None
+    output_tail: str | None
+    manifest: tuple[ManifestEntry, ...] = ()
+    log_dir: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    mask_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of every field."""
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """The episode's outcome (GYM-8).
+
+    Attributes:
+        task_id: the task.
+        reward: the roll-up (RWD-7/8), ``None`` when masked or ungraded.
+        verifier_rewards: per-key roll-up.
+        strategy: ``mean`` or ``final``.
+        verifier_mode: RWD-10.
+        turns: every turn that ran, in order.
+        stopped_after_turn: STOP-9.
+        masked, graded, failure_kind, retryable: STOP-5..8, RWD-9, BUD-8.
+        response: the last response of a turn whose agent ran (STOP-9).
+        log_dir: the episode's host log folder when ``logs_root`` is set, else ``None``.
+        timings: phase name -> seconds, summed over the episode (``seed`` included).
+    """
+
+    task_id: str
+    reward: float | None
+    verifier_rewards: dict[str, float]
+    strategy: str
+    verifier_mode: str | None
+    turns: tuple[TurnRecord, ...]
+    stopped_after_turn: str | None
+    masked: bool
+    graded: bool
+    failure_kind: str | None
+    retryable: bool
+    response: str | None = None
+    log_dir: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of every field (turns as dicts)."""
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """What ``Episode.run_turn`` returns: the turn's record, the Gymnasium flags, and the episode's result when
+    this turn ended it (GYM-6/7)."""
+
+    record: TurnRecord
+    terminated: bool
+    truncated: bool
+    episode: EpisodeResult | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"record": self.record.to_dict(), "terminated": self.terminated, "truncated": self.truncated,
+                "episode": self.episode.to_dict() if self.episode is not None else None}

@@ -1,0 +1,177 @@
+"""From a `Task` to what a sandbox backend needs: the agent and verifier `SandboxSpec` (FMT-7, FMT-10, FMT-15,
+VER-3/4), and the seed refusals checked before any sandbox starts (SPEC LOAD-20..24, GYM-4, BUD-7)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from harbor_gym.agents import Oracle, supports_continue
+from harbor_gym.config import EnvConfig, Semantics, TurnSessions
+from harbor_gym.errors import SeedRefusedError
+from harbor_gym.sandbox.base import SandboxSpec
+from harbor_gym.task import EnvironmentConfig, ImageSourceKind, NetworkMode, Step, Task, resolve_env_templates
+
+__all__ = ["agent_spec", "verifier_spec", "seed_refusals", "resolved_env", "TASK_LABEL", "STEP_LABEL"]
+
+#: Label naming the task a sandbox runs (the managed and run labels are added by the backend).
+TASK_LABEL = "io.harbor-gym.task"
+#: Label naming the step a separate verifier sandbox verifies.
+STEP_LABEL = "io.harbor-gym.step"
+
+
+def resolved_env(env: Mapping[str, str], *, where: str, host_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """FMT-15 applied to ``env`` against the host's environment.
+
+    Raises:
+        SeedRefusedError: LOAD-23 (an `EnvTemplateError`), naming ``where`` and the key.
+    """
+    try:
+        return resolve_env_templates(env, os.environ if host_env is None else host_env)
+    except SeedRefusedError as exc:
+        exc.field = f"{where}.{exc.field}" if exc.field else where
+        raise
+
+
+def _network(env: EnvironmentConfig, task: Task, where: str) -> bool:
+    mode = NetworkMode(env.network_mode)
+    if mode is NetworkMode.ALLOWLIST or env.allowed_hosts:
+        raise SeedRefusedError("network_mode 'allowlist' needs egress control, which no harbor_gym sandbox has; "
+                               "use 'public' or 'no-network'", path=task.path / "task.toml",
+                               field=f"{where}.network_mode", rule="LOAD-24")
+    return mode is NetworkMode.PUBLIC
+
+
+def _check_resources(env: EnvironmentConfig, task: Task, where: str) -> None:
+    toml = task.path / "task.toml"
+    if env.gpus:
+        raise SeedRefusedError(f"{env.gpus} GPU(s) requested but this host has no GPU support",
+                               path=toml, field=f"{where}.gpus", rule="LOAD-24")
+    if env.gpu_types:
+        raise SeedRefusedError("gpu_types requested but this host has no GPU support", path=toml,
+                               field=f"{where}.gpu_types", rule="LOAD-24")
+    if env.tpu:
+        raise SeedRefusedError("a TPU is requested but no provider here has one", path=toml, field=f"{where}.tpu",
+                               rule="LOAD-24")
+
+
+def agent_spec(task: Task, *, env: Mapping[str, str] | None = None) -> SandboxSpec:
+    """The agent sandbox (service ``main``) of ``task``: ``docker_image`` wins over ``environment/Dockerfile``
+    (FMT-10); workdir, resources, network and env from ``[environment]`` (FMT-15 applied unless ``env`` given).
+
+    Raises:
+        SeedRefusedError: LOAD-23/24, or a compose-only environment (COMPOSE-2: no provider here runs groups).
+    """
+    cfg = task.config.environment
+    _check_resources(cfg, task, "environment")
+    network = _network(cfg, task, "environment")
+    if env is None:
+        env = resolved_env(cfg.env, where="environment.env")
+    common: dict[str, Any] = dict(
+        workdir=cfg.workdir, env=dict(env), cpus=cfg.cpus, memory_mb=cfg.memory_mb, storage_mb=cfg.storage_mb,
+        network=network, labels={TASK_LABEL: task.id}, name_hint=task.id,
+        build_timeout_s=float(cfg.build_timeout_sec),
+    )
+    if cfg.docker_image:
+        return SandboxSpec(image=cfg.docker_image, **common)
+    if task.dockerfile is not None:
+        return SandboxSpec(build_context=task.dockerfile.parent, dockerfile=task.dockerfile.name, **common)
+    raise SeedRefusedError("environment/docker-compose.yaml groups cannot run on any provider here (COMPOSE-2)",
+                           path=task.compose_file or task.path, field="environment", rule="LOAD-24")
+
+
+def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec) -> tuple[SandboxSpec, bool]:
+    """VER-3/4: the fresh sandbox a ``separate`` step verifies in, and whether VER-6 uploads the tests.
+
+    The table is ``[steps.verifier.environment]``, else ``[verifier.environment]``, else a copy of ``[environment]``
+    (whole tables, never merged); the image follows VER-4's first match (resolved by the task layer).
+
+    Raises:
+        SeedRefusedError: LOAD-23/24 for that table, or a compose group.
+    """
+    table = step.verifier_environment
+    source = step.separate_image_source
+    uploads = source.uploads_tests
+    if table is None:
+        spec_env = agent.env
+        base = agent
+    else:
+        _check_resources(table, task, f"steps.{step.name}.verifier.environment")
+        spec_env = resolved_env(table.env, where="verifier.environment.env")
+        base = None
+    labels = {TASK_LABEL: task.id, STEP_LABEL: step.name}
+    if table is None:
+        kwargs = dict(workdir=base.workdir, env=dict(spec_env), cpus=base.cpus, memory_mb=base.memory_mb,
+                      storage_mb=base.storage_mb, network=base.network, build_timeout_s=base.build_timeout_s)
+    else:
+        kwargs = dict(workdir=table.workdir, env=dict(spec_env), cpus=table.cpus, memory_mb=table.memory_mb,
+                      storage_mb=table.storage_mb, network=_network(table, task, "verifier.environment"),
+                      build_timeout_s=float(table.build_timeout_sec))
+    kwargs.update(labels=labels, name_hint=f"{task.id}-verify")
+    if source.docker_image:
+        return SandboxSpec(image=source.docker_image, **kwargs), uploads
+    if source.dockerfile is not None:
+        return SandboxSpec(build_context=source.dockerfile.parent, dockerfile=source.dockerfile.name, **kwargs), uploads
+    if source.kind is ImageSourceKind.AGENT_ENVIRONMENT:
+        image_kw = ({"image": agent.image} if agent.image else
+                    {"build_context": agent.build_context, "dockerfile": agent.dockerfile})
+        return SandboxSpec(**image_kw, **kwargs), uploads
+    raise SeedRefusedError("a verifier compose group cannot run on any provider here (COMPOSE-2)",
+                           path=source.compose_file or task.path, field=f"steps.{step.name}.verifier",
+                           rule="LOAD-24")
+
+
+def seed_refusals(task: Task, config: EnvConfig, agent: Any, *, backend: str, separate_steps: list[Step]) -> None:
+    """LOAD-20..24, GYM-4 and BUD-7, checked in ``start()`` before any sandbox starts. Never retried.
+
+    Args:
+        agent: the announced agent, or ``None``.
+        backend: ``docker`` or ``local`` — the provider the sandboxes will run on.
+        separate_steps: the steps that verify ``separate`` (after VER-2).
+
+    Raises:
+        SeedRefusedError: naming the file, field and rule.
+    """
+    toml = task.path / "task.toml"
+    harbor = config.semantics == Semantics.HARBOR
+    continue_ = config.turn_sessions == TurnSessions.CONTINUE
+    if agent is None and (continue_ or (task.first_step_trajectory is not None and not harbor)):
+        why = "turn_sessions='continue'" if continue_ else "the first step ships a trajectory.json"
+        raise SeedRefusedError(f"{why}: announce the agent with reset(options={{'agent': a}}) or HarborEnv(agent=a)",
+                               path=toml, field="agent", rule="GYM-4")
+    if task.first_step_trajectory is not None and not harbor and not isinstance(agent, Oracle):
+        raise SeedRefusedError("the first step ships trajectory.json, which only the oracle may run with",
+                               path=task.first_step_trajectory, field=task.steps[0].name, rule="LOAD-20")
+    if backend != "docker":
+        for step in task.steps:
+            if step.agent_user and ":" in step.agent_user:
+                raise SeedRefusedError(f"agent user {step.agent_user!r} of the form name:group needs the Docker "
+                                       f"provider, not {backend!r}", path=toml, field=f"steps.{step.name}.agent.user",
+                                       rule="LOAD-21")
+    if continue_:
+        if not supports_continue(agent):
+            raise SeedRefusedError(f"turn_sessions='continue' but the agent {type(agent).__name__} lacks "
+                                   "supports_continue", path=toml, field="agent", rule="LOAD-22")
+        users = {step.agent_user for step in task.steps}
+        if len(users) > 1 and not harbor:
+            raise SeedRefusedError(f"turn_sessions='continue' but the steps' agent users differ: {sorted(map(str, users))}",
+                                   path=toml, field="steps.agent.user", rule="LOAD-22")
+    # LOAD-23: every env template resolves (environment env is resolved again by agent_spec).
+    resolved_env(task.config.environment.env, where="environment.env")
+    resolved_env(task.config.solution.env, where="solution.env")
+    for step in task.steps:
+        resolved_env(step.verifier_env, where=f"steps.{step.name}.verifier.env")
+    agent_spec(task)  # LOAD-24 network/resources of [environment]
+    if not config.enforce_task_timeouts and separate_steps:
+        allowance = max(_build_timeout(task, s) for s in separate_steps)
+        if config.default_episode_timeout_seconds < allowance:
+            raise SeedRefusedError(
+                f"default_episode_timeout_seconds {config.default_episode_timeout_seconds} is below one sandbox-start "
+                f"allowance ({allowance} s) and the task has a separate step", path=toml,
+                field="default_episode_timeout_seconds", rule="BUD-7")
+
+
+def _build_timeout(task: Task, step: Step) -> float:
+    """BUD-9: the verifier environment's ``build_timeout_sec``."""
+    table = step.verifier_environment or task.config.environment
+    return float(table.build_timeout_sec)
