@@ -39,8 +39,11 @@ def _on_signal(signum, frame):
     raise _Stop()
 
 
-def _mount(source, target, fstype, options):
-    rc = _libc.mount(source.encode(), target.encode(), fstype.encode(), 0, options.encode())
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC = 1, 2, 4, 8, 4096, 16384
+
+
+def _mount(source, target, fstype, options, flags=0):
+    rc = _libc.mount(source.encode(), target.encode(), fstype.encode(), flags, options.encode())
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount -t {fstype} {source} {target} -o {options}: {os.strerror(err)}")
@@ -83,6 +86,38 @@ def _mount_layer(cfg):
             if kind == "tmpfs":
                 _umount(layer)
     raise OSError("cannot mount the sandbox's overlay (" + "; ".join(errors) + ")")
+
+
+def _loopback_up():
+    """Bring ``lo`` up in this (fresh) network namespace: SIOCGIFFLAGS / SIOCSIFFLAGS with IFF_UP."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        ifr = fcntl.ioctl(sock, 0x8913, struct.pack("16sH14x", b"lo", 0))
+        flags = struct.unpack("16sH14x", ifr)[1]
+        fcntl.ioctl(sock, 0x8914, struct.pack("16sH14x", b"lo", flags | 1))
+
+
+def _mount_sys(cfg):
+    """A fresh read-only sysfs (it shows this network namespace's interfaces: only ``lo`` when the network is
+    off) with the sandbox's own cgroups at ``fs/cgroup``, laid out like Docker's; bound to /sys by bwrap."""
+    sys_dir = os.path.join(cfg["dir"], "sys")
+    os.makedirs(sys_dir, exist_ok=True)
+    _mount("sysfs", sys_dir, "sysfs", "", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    binds = cfg["cgroup_binds"]
+    cg_dir = os.path.join(sys_dir, "fs", "cgroup")
+    if binds and os.path.isdir(cg_dir):
+        if len(binds) == 1 and binds[0][1] == "/sys/fs/cgroup":  # v2: the sandbox's cgroup is the whole tree
+            _mount(binds[0][0], cg_dir, "", "", _MS_BIND)
+        else:
+            _mount("tmpfs", cg_dir, "tmpfs", "mode=0755,size=64k", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            for host, inside in binds:
+                target = os.path.join(cg_dir, os.path.basename(inside))
+                os.makedirs(target, exist_ok=True)
+                _mount(host, target, "", "", _MS_BIND)
+    return sys_dir
 
 
 def _remove_cgroups(paths, deadline):
@@ -134,6 +169,13 @@ def main():
         except OSError as exc:
             _fail(str(exc))
             return 3
+        try:
+            if cfg["private_net"]:
+                _loopback_up()
+            sys_dir = _mount_sys(cfg)
+        except OSError as exc:
+            _fail("cannot set up the sandbox's network or /sys: %s" % exc)
+            return 3
         for rel in cfg["dirs"]:
             # Created through bwrap --dir would follow the rootfs's own symlinks inside the new root; here we only
             # make plain folders below the merged tree, never following a symlink out of it.
@@ -146,7 +188,7 @@ def main():
                     os.mkdir(path, 0o755)
         info_r, info_w = os.pipe()
         fds = [info_w]
-        argv = list(cfg["prefix"]) + ["--bind", merged, "/"]
+        argv = list(cfg["prefix"]) + ["--bind", merged, "/", "--ro-bind", sys_dir, "/sys"]
         for dest, data in cfg["files"].items():
             r, w = os.pipe()
             os.write(w, data.encode())
@@ -215,6 +257,7 @@ def main():
         deadline = time.monotonic() + 10
         _reap_all(deadline)
         _remove_cgroups(cfg["cgroups"], deadline)
+        _umount(os.path.join(cfg["dir"], "sys"))  # detaches sysfs and the cgroup view below it
         if merged is not None:
             _umount(merged)
             _umount(os.path.join(cfg["dir"], "layer"))

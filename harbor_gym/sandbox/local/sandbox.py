@@ -225,19 +225,12 @@ class LocalSandbox:
         hostname = self.name[:63]
         prefix = self._join_cgroups_prefix() + [shutil.which("bwrap") or "bwrap"]
         prefix += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--hostname", hostname]
-        if not spec.network:
-            prefix.append("--unshare-net")
         prefix += ["--cap-drop", "ALL"]
         for cap in _CAPS:
             prefix += ["--cap-add", f"CAP_{cap.upper()}"]
         args = ["--proc", "/proc", "--dev", "/dev"]
         for mount, size in sorted(spec.tmpfs.items()):
             args += ["--size", str(int(size) * 1024 * 1024), "--tmpfs", mount]
-        if self._cgroups.binds:
-            args += ["--tmpfs", "/sys/fs/cgroup"]
-            for host, inside in self._cgroups.binds:
-                args += ["--ro-bind", host, inside]
-            args += ["--remount-ro", "/sys/fs/cgroup"]
         args += ["--chdir", "/", "--", "/bin/sh", "-c", "exec sleep infinity"]
         files = {
             "/etc/hosts": f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n",
@@ -247,9 +240,14 @@ class LocalSandbox:
             "dir": str(self._dir), "lower": str(rootfs), "storage_mb": spec.storage_mb, "lease": str(lease.path),
             "ttl": self.settings.lease_ttl_s, "prefix": prefix, "args": args, "files": files,
             "dirs": sorted({self.workdir, *_TASK_DIRS} - {"/"}), "cgroups": list(self._cgroups.dirs),
+            "cgroup_binds": [list(b) for b in self._cgroups.binds], "private_net": not spec.network,
         }
-        argv = [shutil.which("unshare") or "unshare", "--mount", "--propagation", "private", "--",
-                sys.executable, "-I", "-S", str(_KEEPER), json.dumps(cfg)]
+        # The keeper's own mount namespace (the overlay never shows on the host) and, with the network off, a
+        # fresh network namespace holding only loopback, shared by bwrap and every exec.
+        argv = [shutil.which("unshare") or "unshare", "--mount", "--propagation", "private"]
+        if not spec.network:
+            argv.append("--net")
+        argv += ["--", sys.executable, "-I", "-S", str(_KEEPER), json.dumps(cfg)]
         self._keeper = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         )
@@ -346,6 +344,16 @@ class LocalSandbox:
             raise SandboxError(f"local sandbox {self.name} is not running ({self._state.value})", field="exec")
         return self._pid  # type: ignore[return-value]
 
+    def _require_folder(self, pid: int, path: str) -> None:
+        """Raise `SandboxPathError` unless ``path`` is a folder inside the sandbox."""
+        try:
+            fd = _rootfs.open_in_root(f"/proc/{pid}/root", path, flags=os.O_PATH | os.O_DIRECTORY)
+        except OSError as exc:
+            if not self.is_alive():
+                raise SandboxError(f"local sandbox {self.name} is not running", field="exec") from exc
+            raise SandboxPathError(f"no such folder in local sandbox {self.name}", path=path, field="cwd") from exc
+        os.close(fd)
+
     def _argv(self, pid: int, command: str | Sequence[str], user: str, cwd: str) -> tuple[list[str], _rootfs.UserInfo]:
         info = _rootfs.resolve_user(f"/proc/{pid}/root", user)
         argv = self._join_cgroups_prefix()
@@ -374,7 +382,9 @@ class LocalSandbox:
         """Run a command; returns (exit code, stdout head, stdout size, stderr head, stderr size, timed out, s)."""
         pid = self._require_running()
         t0 = time.monotonic()
-        argv, info = self._argv(pid, command, user or self.default_user, cwd or self.workdir)
+        cwd = _abs(cwd or self.workdir)
+        self._require_folder(pid, cwd)
+        argv, info = self._argv(pid, command, user or self.default_user, cwd)
         environ = {"PATH": _DEFAULT_PATH, "HOSTNAME": self.name[:63], "HOME": info.home}
         environ.update(self.spec.env)
         environ.update(env or {})
@@ -399,6 +409,8 @@ class LocalSandbox:
                     except OSError:
                         pass
                     proc.wait()
+            if not self.is_alive():
+                raise SandboxError(f"local sandbox {self.name} stopped while a command ran", field="exec")
             code = proc.returncode
             code = 128 - code if code < 0 else code
             if timed_out:

@@ -101,8 +101,8 @@ def test_task_paths_exist(sandbox):
 
 def test_cwd_is_resolved_inside_the_sandbox(sandbox):
     # /work exists only on the host: a cwd must never be opened on the host side
-    r = sandbox.exec("pwd", timeout=10, cwd="/work")
-    assert r.exit_code != 0
+    with pytest.raises(SandboxPathError):
+        sandbox.exec("pwd", timeout=10, cwd="/work")
     r = sandbox.exec(["pwd"], timeout=10, cwd="/logs")
     assert r.stdout == "/logs\n"
 
@@ -150,6 +150,16 @@ def test_refuses_gpus(settings):
     with pytest.raises(SandboxUnavailableError) as info:
         _local(SandboxSpec(image=BASE, gpus=1), settings).start()
     assert info.value.rule == "LOAD-24"
+
+
+def test_private_network_has_only_loopback_and_host_network_is_shared(settings):
+    with _local(SandboxSpec(image=BASE, network=False), settings) as sb:
+        r = sb.exec("ls /sys/class/net; python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); "
+                    "s.listen(); c=socket.create_connection(s.getsockname()); print(\"lo-ok\")'", timeout=10)
+        assert r.stdout.split() == ["lo", "lo-ok"], r
+    with _local(SandboxSpec(image=BASE, network=True), settings) as sb:
+        inside = set(sb.exec("ls /sys/class/net", timeout=10).stdout.split())
+        assert inside == set(os.listdir("/sys/class/net"))
 
 
 def test_storage_limit_bounds_the_writable_layer(settings):
