@@ -220,3 +220,74 @@ def test_exec_is_cheap(sandbox):
         sandbox.exec("true", timeout=10)
     per_exec = (time.monotonic() - t0) / 20
     assert per_exec < 0.05, per_exec
+
+
+_TRAINER = """
+import sys, time
+from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec
+from harbor_gym.sandbox.local import LocalSandbox
+from harbor_gym.config import host_settings
+hs = host_settings()
+st = SandboxSettings(image_aliases=hs.image_aliases, rootfs_aliases=hs.rootfs_aliases, lease_ttl_s=2.0)
+sb = LocalSandbox(SandboxSpec(image="harbor-gym/base:bookworm", memory_mb=128), st)
+sb.start()
+sb.exec("sleep 1000 &", timeout=10)
+print(sb.pid, sb.folder, *sb.cgroup_dirs, flush=True)
+time.sleep(600)
+"""
+
+
+def test_trainer_killed_with_sigkill_leaves_nothing(tmp_path):
+    # The issue's lease rule: a trainer killed with SIGKILL leaves nothing running for more than a bounded time.
+    import signal
+    import subprocess
+    import sys
+
+    from harbor_gym.config import settings_path
+
+    # its process lease lands in tmp_path; the host settings file stays the real one
+    env = {**os.environ, "HARBOR_GYM_CACHE": str(tmp_path / "cache"), "HARBOR_GYM_SETTINGS": str(settings_path())}
+    proc = subprocess.Popen([sys.executable, "-c", _TRAINER], stdout=subprocess.PIPE, env=env)
+    try:
+        line = proc.stdout.readline().decode().split()
+        pid, folder, cgroups = int(line[0]), Path(line[1]), line[2:]
+        assert os.path.exists(f"/proc/{pid}") and folder.is_dir() and cgroups
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 2.0 + 4.0  # TTL + one poll + clean-up
+    while time.monotonic() < deadline and (os.path.exists(f"/proc/{pid}") or folder.exists()
+                                           or any(os.path.exists(c) for c in cgroups)):
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}")
+    assert not folder.exists()
+    assert not any(os.path.exists(c) for c in cgroups)
+
+
+def test_gc_removes_what_a_killed_keeper_left(settings, tmp_path):
+    import signal
+
+    from harbor_gym.sandbox.local import collect_local_garbage
+
+    short = SandboxSettings(image_aliases=settings.image_aliases, rootfs_aliases=settings.rootfs_aliases,
+                            lease_ttl_s=1.0)
+    lease = Lease(directory=tmp_path).start()
+    sb = _local(SandboxSpec(image=BASE, pids_limit=50), short, lease=lease)
+    sb.start()
+    try:
+        folder, cgroups, pid = sb.folder, sb.cgroup_dirs, sb.pid
+        sb._keeper.send_signal(signal.SIGKILL)  # a keeper that cannot clean up (OOM killer, kill -9)
+        sb._keeper.wait()
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{pid}")  # bwrap --die-with-parent: the sandbox died with it
+        assert folder.exists()
+        assert sb.name not in collect_local_garbage(grace_s=0)  # its lease is still renewed: not garbage yet
+        lease.pause()
+        time.sleep(1.5)
+        assert sb.name in collect_local_garbage(grace_s=0)
+        assert not folder.exists() and not any(os.path.exists(c) for c in cgroups)
+    finally:
+        sb.stop()
+        lease.release()
