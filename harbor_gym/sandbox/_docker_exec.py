@@ -34,6 +34,7 @@ p=$!
 exec 3<&-
 printf 'P%s\n' "$p"
 wait "$p"; rc=$?
+[ "$rc" -gt 128 ] && sleep 0.1
 head -c "$cap" "$d/o"; head -c "$cap" "$d/e" >&2
 sz=$(stat -c %s "$d/o" "$d/e")
 rm -rf "$d"

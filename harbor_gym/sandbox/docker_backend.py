@@ -296,6 +296,17 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self.name} is not running (state {self._state.value})")
         return self.container_id
 
+    def _confirm_dead(self, window_s: float) -> bool:
+        """True if the container is, or within ``window_s`` turns out to be, not running (the engine updates a
+        killed container's state a moment after its processes are gone)."""
+        deadline = time.monotonic() + window_s
+        while True:
+            if not self.is_alive():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
     def _died(self, what: str) -> SandboxError:
         return SandboxError(f"sandbox {self.name} died or was removed during {what}", retryable=True)
 
@@ -364,6 +375,9 @@ class DockerSandbox:
             exit_code = self._exit_without_trailer(res, exec_id, cwd)
         else:
             exit_code = res.exit_code
+            if exit_code >= 128 and not self.is_alive():
+                # killed by a signal: the whole container may have been killed, the wrapper racing to report
+                raise self._died("exec")
         out_text, out_cut = _decode(res.stdout, res.stdout_size, cap)
         err_text, err_cut = _decode(res.stderr, res.stderr_size, cap)
         return ExecResult(exit_code=exit_code, stdout=out_text, stderr=err_text, duration_s=duration,
@@ -385,7 +399,7 @@ class DockerSandbox:
         if "chdir to cwd" in text:
             raise SandboxPathError(f"sandbox {self.name}: exec: the working folder does not exist",
                                    path=cwd or self.workdir, field="cwd")
-        if not self.is_alive():
+        if self._confirm_dead(2.0):
             raise self._died("exec")
         if res.timed_out:
             return -1

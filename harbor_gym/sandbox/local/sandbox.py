@@ -8,12 +8,17 @@ Layout of one sandbox (see ``_keeper.py`` for the process that owns it):
 - private mount, PID, IPC and UTS namespaces; a private network namespace (loopback only) when the network is off,
   the host's network namespace when it is on; Docker's default capability set;
 - ``/proc``, ``/dev``, ``/etc/hosts``, ``/etc/hostname``, the spec's tmpfs mounts, the workdir and ``/logs/{agent,
-  verifier,artifacts}``; with limits, ``/sys/fs/cgroup`` shows the sandbox's own cgroups read-only;
+  verifier,artifacts}``; a fresh read-only ``/sys`` of the sandbox's network namespace (``/sys/class/net`` holds
+  only ``lo`` when the network is off) whose ``/sys/fs/cgroup`` shows the sandbox's own cgroups, laid out like
+  Docker's, when it has limits (cgroup v1 or v2); a ``storage_mb`` tmpfs layer is charged to the memory limit too;
 - a lease (`harbor_gym.sandbox.lease`, the process's unless one is given): the keeper ends the sandbox and removes
   everything of it once the lease file has not been renewed for ``lease_ttl_s`` (the trainer died) or is gone.
 
 Commands enter the namespaces with ``nsenter`` (a few ms per exec) and drop to the user with the sandbox's own
-``setpriv`` (supplementary groups and capability bounding set), else ``nsenter``'s ``--setuid/--setgid``.
+``setpriv`` (supplementary groups, Docker's capability bounding set). A root filesystem without ``setpriv`` falls back
+to ``nsenter --setuid/--setgid``: no supplementary groups, and root keeps the host's capabilities there. Files move
+with the sandbox's own ``tar`` (``put``/``get``) or are read from the host through the sandbox's root (``read_file``).
+Users and owners are resolved from the sandbox's /etc/passwd and /etc/group, never the host's.
 What this backend cannot honour is refused at `start` with `SandboxUnavailableError`: a build context, an image with
 no root filesystem folder, GPUs, a limit that cgroups cannot enforce here (LOAD-24).
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import secrets
 import select
@@ -449,8 +455,11 @@ class LocalSandbox:
             stdout_truncated=out_cut, stderr_truncated=err_cut,
         )
 
-    def _raw(self, command: Sequence[str], *, stdin: bytes | None = None, timeout: float = 600.0) -> tuple[int, Path]:
-        """Run ``command`` as root, its stdout (uncapped) into a temp file the caller removes."""
+    def _raw(
+        self, command: Sequence[str], *, stdin: bytes | None = None, timeout: float = 600.0
+    ) -> tuple[int, Path, str]:
+        """Run ``command`` as root; returns (exit code, its uncapped stdout in a temp file the caller removes,
+        the head of its stderr)."""
         pid = self._require_running()
         argv, _ = self._argv(pid, command, "root", "/")
         fd, path = tempfile.mkstemp(prefix="harbor-gym-get-")
@@ -465,8 +474,7 @@ class LocalSandbox:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             err.seek(0)
-            self._last_stderr = err.read(4096).decode(errors="replace")
-            return proc.returncode, Path(path)
+            return proc.returncode, Path(path), err.read(4096).decode(errors="replace").strip()
         finally:
             os.close(fd)
             err.close()
@@ -485,11 +493,11 @@ class LocalSandbox:
 
     def _untar(self, archive: bytes, *, what: str) -> None:
         """Extract an archive rooted at ``/`` inside the sandbox, as root, with the sandbox's own tar."""
-        code, out = self._raw(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", "/"], stdin=archive)
+        code, out, err = self._raw(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", "/"], stdin=archive)
         out.unlink(missing_ok=True)
         if code != 0:
             raise SandboxError(
-                f"copying into local sandbox {self.name} failed (exit {code}): {self._last_stderr.strip()}",
+                f"copying into local sandbox {self.name} failed (exit {code}): {err}",
                 path=what, field="put",
             )
 
@@ -517,13 +525,13 @@ class LocalSandbox:
         parent, base = _split(_abs(src))
         script = f'cd -- "$1" 2>/dev/null && {{ [ -e "$2" ] || [ -L "$2" ]; }} || exit {_MISSING_EXIT}; ' \
                  'exec tar -c --numeric-owner -f - -- "$2"'
-        code, archive = self._raw(["/bin/sh", "-c", script, "sh", parent, base])
+        code, archive, err = self._raw(["/bin/sh", "-c", script, "sh", parent, base])
         try:
             if code == _MISSING_EXIT:
                 raise SandboxPathError(f"no such file or folder in local sandbox {self.name}", path=src, field="get")
             if code != 0:
                 raise SandboxError(f"reading {src} from local sandbox {self.name} failed (exit {code}): "
-                                   f"{self._last_stderr.strip()}", path=src, field="get")
+                                   f"{err}", path=src, field="get")
             with open(archive, "rb") as fh:
                 archives.safe_extract(fh, Path(dest_dir))
         finally:
@@ -544,14 +552,10 @@ class LocalSandbox:
 def _abs(path: str) -> str:
     if not path.startswith("/"):
         raise SandboxPathError("sandbox paths must be absolute", path=path)
-    import posixpath
-
     return posixpath.normpath(path)
 
 
 def _split(path: str) -> tuple[str, str]:
-    import posixpath
-
     parent, base = posixpath.split(path.rstrip("/") or "/")
     if not base:
         raise SandboxPathError("a file path is needed, not the root folder", path=path)

@@ -1,0 +1,163 @@
+"""Docker-only guarantees: a container killed mid-command, refusal of unenforceable limits (LOAD-24), init-fast
+stop, engine round trips per call, labels and names, clean-up on failed or interrupted starts, at interpreter exit
+and after the host process is SIGKILLed (the lease)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from harbor_gym import sandbox
+from harbor_gym.errors import ImageError, SandboxError, SandboxUnavailableError
+from harbor_gym.sandbox import DockerSandbox, SandboxSpec, count_requests
+from harbor_gym.sandbox.docker_backend import TTL_LABEL
+
+pytestmark = pytest.mark.docker
+
+BASE_IMAGE = "harbor-gym/base:bookworm"
+
+
+def _exists(client, name: str) -> bool:
+    import docker.errors
+
+    try:
+        client.containers.get(name)
+        return True
+    except docker.errors.NotFound:
+        return False
+
+
+def _wait_gone(client, name: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _exists(client, name):
+            return True
+        time.sleep(0.3)
+    return not _exists(client, name)
+
+
+def test_container_killed_mid_command_raises_naming_the_sandbox(settings_with, docker_client):
+    with DockerSandbox(SandboxSpec(image=BASE_IMAGE, name_hint="killed"), settings_with()) as sb:
+        threading.Timer(1.0, lambda: docker_client.api.kill(sb.container_id)).start()
+        t0 = time.monotonic()
+        with pytest.raises(SandboxError) as err:
+            sb.exec("sleep 30", timeout=60)
+        assert time.monotonic() - t0 < 8
+        assert sb.name in str(err.value)
+
+
+@pytest.mark.parametrize("limit", [{"gpus": 1}, {"storage_mb": 512}])
+def test_load_24_unenforceable_limits_are_refused_at_start(limit, docker_client, settings_with):
+    # SPEC: LOAD-24 — this engine is CPU-only and its overlay2 sits on extfs: refused, never silently dropped
+    sb = DockerSandbox(SandboxSpec(image=BASE_IMAGE, name_hint="refuse", **limit), settings_with())
+    with pytest.raises(SandboxUnavailableError) as err:
+        sb.start()
+    assert err.value.rule == "LOAD-24" and err.value.field == next(iter(limit))
+    assert not _exists(docker_client, sb.name)
+
+
+def test_container_has_labels_name_init_and_stops_fast(settings_with, docker_client):
+    spec = SandboxSpec(image=BASE_IMAGE, name_hint="My Task/1", labels={"x.test": "1"})
+    with sandbox.open(spec, backend="docker", settings=settings_with()) as sb:
+        assert sb.backend == "docker" and sb.name.startswith("hg-My-Task-1-")
+        attrs = docker_client.api.inspect_container(sb.container_id)
+        labels = attrs["Config"]["Labels"]
+        assert labels["io.harbor-gym.managed"] == "true" and labels["io.harbor-gym.run"] == sb.run_id
+        assert labels["x.test"] == "1" and TTL_LABEL in labels
+        assert attrs["HostConfig"]["Init"] is True and attrs["HostConfig"]["NetworkMode"] == "none"
+        t0 = time.monotonic()
+        sb.stop()
+        assert time.monotonic() - t0 < 2.0
+    assert _wait_gone(docker_client, sb.name, 5)
+
+
+def test_engine_round_trips_per_call(settings_with, tmp_path):
+    import docker
+
+    client = docker.from_env()
+    counter = count_requests(client)
+    with DockerSandbox(SandboxSpec(image=BASE_IMAGE, workdir="/app"), settings_with(), client=client) as sb:
+        counter.reset()
+        sb.exec("echo hi", timeout=10)
+        assert counter.count == 2, counter.paths  # exec create + attached start, exit code from the trailer
+        counter.reset()
+        sb.put_bytes(b"x", "/app/a/b.txt")
+        assert counter.count == 1, counter.paths
+        counter.reset()
+        assert sb.read_file("/app/a/b.txt", max_bytes=10) == b"x"
+        assert counter.count == 1, counter.paths
+        (tmp_path / "d").mkdir()
+        (tmp_path / "d" / "f").write_text("f")
+        counter.reset()
+        sb.put(tmp_path / "d", "/app/d", owner="1000:1000")
+        assert counter.count == 1, counter.paths
+        assert sb.engine_requests >= 7
+    client.close()
+
+
+def test_failed_start_leaves_nothing(settings_with, docker_client):
+    spec = SandboxSpec(image="no-such-image-for-harbor-gym:1", name_hint="missing")
+    with pytest.raises(ImageError) as err:
+        sandbox.open(spec, backend="docker", settings=settings_with(pull_policy="never"))
+    assert "no-such-image-for-harbor-gym:1" in str(err.value)
+
+
+def test_keyboard_interrupt_during_start_removes_the_container(settings_with, docker_client, monkeypatch):
+    import docker
+
+    client = docker.from_env()
+    sb = DockerSandbox(SandboxSpec(image=BASE_IMAGE, name_hint="ctrlc"), settings_with(), client=client)
+
+    def interrupted_start(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client.api, "start", interrupted_start)
+    with pytest.raises(KeyboardInterrupt):
+        sb.start()
+    assert _wait_gone(docker_client, sb.name, 5), "a Ctrl-C during start left the container"
+    client.close()
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from harbor_gym.sandbox import DockerSandbox, SandboxSpec, SandboxSettings
+    sb = DockerSandbox(SandboxSpec(image="harbor-gym/base:bookworm", name_hint="child"),
+                       SandboxSettings(pull_policy="never", lease_ttl_s=float(sys.argv[1])))
+    sb.start()
+    print(sb.name, flush=True)
+    if sys.argv[2] == "hang":
+        time.sleep(600)
+    """
+)
+
+
+def test_interpreter_exit_removes_sandboxes_not_stopped(docker_client):
+    out = subprocess.run([sys.executable, "-c", _CHILD, "60", "exit"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    name = out.stdout.strip()
+    assert name.startswith("hg-child-")
+    assert _wait_gone(docker_client, name, 5), "atexit did not remove the sandbox"
+
+
+def test_sigkilled_host_process_leaves_nothing_after_the_lease_ttl(docker_client):
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, "3", "hang"], stdout=subprocess.PIPE, text=True)
+    try:
+        name = proc.stdout.readline().strip()
+        assert name.startswith("hg-child-")
+        assert _exists(docker_client, name)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        t0 = time.monotonic()
+        assert _wait_gone(docker_client, name, 20), "the container outlived its host's SIGKILL"
+        assert time.monotonic() - t0 < 15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
