@@ -618,7 +618,7 @@ class Episode:
         sb, step = self._sandbox, t.step
         run_hooks(step.collect, lambda cmd, user, tmo: self._exec(
             sb, ["bash", "-c", cmd], timeout=tmo, user=user or self._user_in_place, cwd=sb.workdir))
-        t.manifest = collect(sb, plan_entries(step), t.dirs.artifacts, harbor=self._harbor)
+        t.manifest = collect(sb, plan_entries(step), t.dirs.artifacts, harbor=False)  # DIFF-13: Seed side
         self._clock.check()
 
     # --- the verifier (VER-3..11) ------------------------------------------------------------------------

@@ -38,10 +38,10 @@ class EpisodeLogs:
 
     def turn(self, step_name: str, *, multi_step: bool, harbor: bool) -> TurnDirs:
         """TURN-11: ``steps/<name>/verifier/`` and ``steps/<name>/agent/`` (single-step: ``verifier/``, ``agent/``);
-        artifacts in the verifier folder's ``artifacts/`` (Harbor: ``steps/<name>/artifacts/``, DIFF-13)."""
+        artifacts in the verifier folder's ``artifacts/`` under both semantics (DIFF-13 keeps the Seed side)."""
         base = self.root / "steps" / step_name if multi_step else self.root
         verifier, agent = base / "verifier", base / "agent"
-        artifacts = (base / "artifacts") if harbor else (verifier / "artifacts")
+        artifacts = verifier / "artifacts"
         for d in (verifier, agent):
             d.mkdir(parents=True, exist_ok=True)
         return TurnDirs(base, verifier, agent, artifacts)
