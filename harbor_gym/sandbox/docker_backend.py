@@ -404,7 +404,9 @@ class DockerSandbox:
         if res.timed_out:
             return -1
         if res.pid is None:
-            raise SandboxError(f"sandbox {self.name}: exec could not start the command: {text.strip()[-500:]}")
+            # e.g. runc cannot fork inside a cgroup at its pids cap: transient
+            raise SandboxError(f"sandbox {self.name}: exec could not start the command: {text.strip()[-500:]}",
+                               retryable=True)
         try:
             code = self.client.api.exec_inspect(exec_id).get("ExitCode")
             self._count()
