@@ -2,8 +2,8 @@
 
 Pure: reads files, starts nothing, needs no Docker. Checks run in this order, the first failure is raised:
 LOAD-1/2/7..12/15 (``task.toml``), LOAD-16 (multiplier), LOAD-14 (environment), LOAD-13 (inputs inside the
-folder), LOAD-3/4/5 (step files), LOAD-13 (symlinks, ``.harborignore``), LOAD-12 (sidecars need a compose
-file), LOAD-6.
+folder), LOAD-3/4/5 (step files), LOAD-13 (symlinks, ``.harborignore``), the compose file's subset
+(COMPOSE-1/2, `harbor_gym.task.compose`), LOAD-12 (sidecars need a compose file naming them), LOAD-6.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harbor_gym.config import EnvConfig, Semantics
 from harbor_gym.errors import TaskLoadError
+from harbor_gym.task.compose import check_sidecar_names, parse_compose_file
 from harbor_gym.task.files import is_within, upload_listing
 from harbor_gym.task.models import StepConfig, TaskConfig, VerifierEnvironmentMode, resolve_verifier_mode
 from harbor_gym.task.resolved import ImageSourceKind, Step, StepArtifact, Task, VerifierImageSource
@@ -314,6 +315,9 @@ def load_task(
         _check_listing(root, _existing_dir(step_dir / "tests"), "test.sh", field, True)
         _check_listing(root, _existing_dir(step_dir / "solution"), "solve.sh", field, True)
 
+    compose = parse_compose_file(compose_file) if compose_file is not None else None
+    if compose is not None:
+        check_sidecar_names(compose, _sidecar_uses(task_config), toml_path)
     if compose_file is None:
         for field, service in _sidecar_uses(task_config):
             raise TaskLoadError(
@@ -341,6 +345,7 @@ def load_task(
         environment_dir=environment_dir,
         dockerfile=dockerfile,
         compose_file=compose_file,
+        compose=compose,
         timeout_multiplier=multiplier,
         first_step_trajectory=first_traj,
     )

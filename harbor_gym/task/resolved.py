@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from harbor_gym.task.compose import ComposeFile
 from harbor_gym.task.models import (
     ArtifactEntry,
     CollectHook,
@@ -156,6 +157,7 @@ class Task:
         environment_dir: ``environment/`` if it exists.
         dockerfile / compose_file: ``environment/Dockerfile`` / ``environment/docker-compose.yaml`` if they
             exist.
+        compose: the parsed compose file (COMPOSE-1..3) when ``compose_file`` exists, else ``None``.
         timeout_multiplier: the dataset's m (BUD-1/2), 1.0 outside a dataset.
         first_step_trajectory: ``steps/<first>/trajectory.json`` if it exists (LOAD-20 at seed).
     """
@@ -170,6 +172,7 @@ class Task:
     compose_file: Path | None
     timeout_multiplier: float = 1.0
     first_step_trajectory: Path | None = None
+    compose: ComposeFile | None = None
 
     def step(self, name: str) -> Step:
         """The step called ``name``.

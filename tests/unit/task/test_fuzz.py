@@ -120,7 +120,7 @@ def _folder(tmp_path_factory):
         "instruction.md": "x\n",
         "tests/test.sh": TEST_SH,
         "environment/Dockerfile": "FROM x\n",
-        "environment/docker-compose.yaml": "services: {}\n",
+        "environment/docker-compose.yaml": "services: {main: {image: x}, db: {image: postgres}}\n",
         "solution/solve.sh": "true\n",
     }
     for step in ("01-setup", "02-finish", "only", "one"):

@@ -366,7 +366,8 @@ def test_load_12_sidecar_with_compose_is_fine(build):
     # SPEC: LOAD-12
     toml = 'artifacts = [{ source = "/var/log", service = "db" }]\n'
     root = build.single(
-        toml=toml, files={"environment/docker-compose.yaml": "services: {main: {}, db: {}}\n"}
+        toml=toml,
+        files={"environment/docker-compose.yaml": "services: {main: {image: x}, db: {image: y}}\n"},
     )
     task = load_task(root)
     assert task.has_compose and task.steps[0].artifacts[0].service == "db"
@@ -441,7 +442,8 @@ def test_load_14_dockerfile_or_compose_suffices(build):
     # SPEC: LOAD-14, FMT-10
     task = load_task(build.single(toml="", files={"environment/Dockerfile": "FROM x\n"}))
     assert task.dockerfile is not None and task.compose_file is None
-    task = load_task(build.single(toml="", files={"environment/docker-compose.yaml": "services: {}\n"}))
+    compose = {"environment/docker-compose.yaml": "services: {main: {image: x}}\n"}
+    task = load_task(build.single(toml="", files=compose))
     assert task.compose_file is not None
 
 
