@@ -591,7 +591,7 @@ class Episode:
         try:
             outcome = agent.run(turn)
         except SandboxError:
-            if not self._sandbox.is_alive():
+            if self._sandbox is None or not self._sandbox.is_alive():
                 raise
             return AgentOutcome(status=AgentStatus.ERROR, output_tail=traceback.format_exc()[-4096:])
         except Exception:  # an agent's own defect is its error outcome (GYM-5), not the engine's
@@ -603,14 +603,22 @@ class Episode:
 
     def _call_in_thread(self, agent: Any, turn: Turn, bounded: float | None) -> AgentOutcome:
         """GYM-5: a ``run()`` still busy at the end of its budget is stopped (its execs end) and is a timeout."""
-        box: list[AgentOutcome] = []
-        worker = threading.Thread(target=lambda: box.append(self._call_agent(agent, turn)), daemon=True,
-                                  name=f"harbor-gym-agent-{turn.step_name}")
+        box: list[Any] = []
+
+        def work() -> None:
+            try:
+                box.append(self._call_agent(agent, turn))
+            except BaseException as exc:  # an outage inside the agent: handed to the engine's thread
+                box.append(exc)
+
+        worker = threading.Thread(target=work, daemon=True, name=f"harbor-gym-agent-{turn.step_name}")
         worker.start()
         worker.join(None if bounded is None else bounded + 0.5)
         if worker.is_alive():
             turn.expire()
             return AgentOutcome(status=AgentStatus.TIMEOUT, output_tail="harbor_gym: run() overran its budget")
+        if box and isinstance(box[0], BaseException):
+            raise box[0]
         return box[0] if box else AgentOutcome(status=AgentStatus.ERROR)
 
     # --- artifacts (ART-1..5) ----------------------------------------------------------------------------

@@ -114,8 +114,9 @@ def _no_leftover_containers(request):
 
     client = docker.from_env(timeout=30)
     try:
-        left = client.containers.list(all=True, filters={"label": "io.harbor-gym.managed=true"})
-        mine = [c.name for c in left if c.labels.get("io.harbor-gym.task", "").startswith("ep-")]
+        # one list call (no per-container inspect, which races with other suites removing theirs)
+        left = client.api.containers(all=True, filters={"label": "io.harbor-gym.managed=true"})
+        mine = [c["Names"] for c in left if (c.get("Labels") or {}).get("io.harbor-gym.task", "").startswith("ep-")]
         assert not mine, f"containers left behind: {mine}"
     finally:
         client.close()
