@@ -4,6 +4,7 @@ Backends: ``docker`` (`DockerSandbox`, the Docker engine through the SDK) and ``
 root filesystem, `harbor_gym.sandbox.local.LocalSandbox`, imported lazily). ``backend`` is the one name of this
 choice everywhere (this API, ``EnvConfig.backend``, the CLI): ``"auto"`` takes docker when an engine answers, else
 local.
+Compose groups (a task's ``main`` with its sidecars): `open_group` / `ComposeGroup` (docker only, COMPOSE-2).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from harbor_gym.sandbox.base import (
     truncate_output,
 )
 from harbor_gym.sandbox.docker_backend import DockerSandbox
+from harbor_gym.sandbox.compose import ComposeGroup, open_group
 
 __all__ = [
     "open",
@@ -37,6 +39,8 @@ __all__ = [
     "SandboxState",
     "ExecResult",
     "DockerSandbox",
+    "ComposeGroup",
+    "open_group",
     "MANAGED_LABEL",
     "RUN_LABEL",
     "truncate_output",
