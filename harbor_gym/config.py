@@ -185,6 +185,10 @@ class EnvConfig(BaseModel):
     lease_ttl_s: float = Field(
         60.0, ge=5, description="A sandbox whose lease is not renewed for this long removes itself."
     )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra labels on every container this config starts (e.g. an experiment id); {}: none.",
+    )
     logs_root: str | None = Field(
         None, description="Turn logs land here and are kept; None: a temporary folder removed at close."
     )

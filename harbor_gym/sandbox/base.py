@@ -111,6 +111,7 @@ class SandboxSettings:
         rootfs_aliases: image name -> unpacked root filesystem folder (local backend).
         lease_ttl_s: a sandbox whose lease is not renewed for this long removes itself.
         output_cap_bytes: cap of each of an exec's stdout and stderr.
+        labels: extra labels on every container (after the spec's; the managed and run labels always win).
     """
 
     pull_policy: str = "missing"
@@ -118,6 +119,7 @@ class SandboxSettings:
     rootfs_aliases: Mapping[str, str] = field(default_factory=dict)
     lease_ttl_s: float = 60.0
     output_cap_bytes: int = 1 << 20
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: "EnvConfig") -> "SandboxSettings":
@@ -128,13 +130,14 @@ class SandboxSettings:
             rootfs_aliases=MappingProxyType(config.effective_rootfs_aliases()),
             lease_ttl_s=config.lease_ttl_s,
             output_cap_bytes=config.output_cap_bytes,
+            labels=MappingProxyType(dict(config.labels)),
         )
 
     def __reduce__(self):
         return (
             SandboxSettings,
             (self.pull_policy, dict(self.image_aliases), dict(self.rootfs_aliases), self.lease_ttl_s,
-             self.output_cap_bytes),
+             self.output_cap_bytes, dict(self.labels)),
         )
 
 

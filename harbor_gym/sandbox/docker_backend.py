@@ -180,8 +180,8 @@ class DockerSandbox:
         lease.want_ttl(self.settings.lease_ttl_s)
         self.run_id = lease.run_id
         self._image = images.ensure_image(self.client, spec, self.settings)
-        labels = {**dict(spec.labels), MANAGED_LABEL: "true", RUN_LABEL: lease.run_id,
-                  TTL_LABEL: f"{self.settings.lease_ttl_s:g}"}
+        labels = {**dict(self.settings.labels), **dict(spec.labels),
+                  MANAGED_LABEL: "true", RUN_LABEL: lease.run_id, TTL_LABEL: f"{self.settings.lease_ttl_s:g}"}
         api = self.client.api
         host_config: dict[str, Any] = {
             "init": True,
