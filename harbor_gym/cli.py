@@ -135,12 +135,28 @@ def _cmd_images(args: argparse.Namespace) -> int:
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
-    """Remove what crashed runs left behind (labelled, lease expired); with --images also the build cache."""
+    """Remove what crashed runs left behind (labelled, lease expired): Docker resources and local sandboxes;
+    with --images also the build cache. Resources of live runs are never touched."""
+    from harbor_gym.errors import SandboxUnavailableError
     from harbor_gym.sandbox.gc import collect_garbage
+    from harbor_gym.sandbox.local import collect_local_garbage
 
-    report = collect_garbage(images=args.images)
-    _out.print(str(report))
-    return EXIT_OK
+    status = EXIT_OK
+    try:
+        report = collect_garbage(images=args.images)
+    except SandboxUnavailableError as exc:
+        _out.print(f"docker: skipped ({exc})")
+    else:
+        for kind in ("containers", "networks", "volumes", "images"):
+            names = getattr(report, kind)
+            _out.print(f"docker {kind}: {len(names)} removed" + (f" ({', '.join(names)})" if names else ""))
+        _out.print(f"docker: {len(report.kept_live)} kept (their runs are live)")
+        for error in report.errors:
+            _err.print(f"harbor-gym gc: {error}")
+            status = EXIT_FAILED
+    removed = collect_local_garbage()
+    _out.print(f"local sandboxes: {len(removed)} removed" + (f" ({', '.join(removed)})" if removed else ""))
+    return status
 
 
 def _parser() -> argparse.ArgumentParser:
