@@ -66,21 +66,32 @@ def output_path_conflicts(path: str, earlier: Sequence[str]) -> bool:
     return False
 
 
-def run_hooks(hooks: Sequence[CollectHook], run: Callable[[str, str | None, float], ExecResult | None]) -> None:
-    """ART-1/3: ``main``'s hooks in file order via ``bash -c`` as the hook's user (else the service's); failures
-    and timeouts are only logged. Sidecar hooks are logged as not run (no sidecars here)."""
+def run_hooks(hooks: Sequence[CollectHook], run: Callable[[str, str | None, float], ExecResult | None],
+              run_sidecar: Callable[[str, str, str | None, float], ExecResult | None] | None = None,
+              *, sidecars: bool = False) -> None:
+    """ART-1/3: ``main``'s hooks in file order via ``bash -c`` as the hook's user (else the service's); with
+    ``sidecars``, the sidecars' hooks via ``sh -c``. Failures and timeouts are only logged."""
     for hook in hooks:
-        if hook.service not in (None, "main"):
-            _log.warning("collect hook for service %r not run: no sidecars on this provider (ART-3)", hook.service)
+        is_main = hook.service in (None, "main")
+        if is_main == sidecars:
             continue
-        result = run(hook.command, hook.user, float(hook.timeout_sec))
+        if not is_main and run_sidecar is None:
+            _log.warning("collect hook for service %r not run: no sidecars here (ART-3)", hook.service)
+            continue
+        try:
+            result = (run(hook.command, hook.user, float(hook.timeout_sec)) if is_main
+                      else run_sidecar(hook.service, hook.command, hook.user, float(hook.timeout_sec)))
+        except SandboxError as exc:
+            _log.warning("collect hook %r could not run: %s (ART-3)", hook.command, exc)
+            continue
         if result is not None and not result.ok:
             _log.warning("collect hook %r failed (exit %s, timed out %s) (ART-3)", hook.command, result.exit_code,
                          result.timed_out)
 
 
 def collect(sandbox: Sandbox | None, plan: Sequence[ArtifactPlan], out_dir: Path, *, harbor: bool,
-            write_manifest: bool = True) -> tuple[ManifestEntry, ...]:
+            write_manifest: bool = True, sidecars: Callable[[str], Sandbox | None] | None = None,
+            done: list[str] | None = None) -> tuple[ManifestEntry, ...]:
     """ART-3/4/5: copy each planned entry from ``sandbox`` into ``out_dir`` and write ``manifest.json``.
 
     Best effort: a failed copy is recorded ``failed``; an entry whose output path conflicts with an earlier one
@@ -91,16 +102,17 @@ def collect(sandbox: Sandbox | None, plan: Sequence[ArtifactPlan], out_dir: Path
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest: list[ManifestEntry] = []
-    done: list[str] = []
+    done = [] if done is None else done
     for entry in plan:
         status, kind = "failed", "directory"
+        source_box = sandbox if entry.service is None else (sidecars(entry.service) if sidecars else None)
         if output_path_conflicts(entry.destination, done):
             status = "skipped"
-        elif entry.service is not None or sandbox is None:
-            _log.warning("artifact %s of service %r not collected: no sidecars on this provider", entry.source,
+        elif source_box is None:
+            _log.warning("artifact %s of service %r not collected: no such service here", entry.source,
                          entry.service)
         else:
-            status, kind = _copy(sandbox, entry, out_dir)
+            status, kind = _copy(source_box, entry, out_dir)
             done.append(entry.destination)
         manifest.append(ManifestEntry(entry.source, entry.destination, kind, status, entry.service,
                                       entry.exclude, None if harbor else entry.origin))

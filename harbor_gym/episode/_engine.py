@@ -176,6 +176,7 @@ class Episode:
         self._session_agent: Any = None
         self._timings: dict[str, float] = {}
         self._agent_spec: SandboxSpec | None = None
+        self._group: Any = None
 
     # --- public state ------------------------------------------------------------------------------------
     @property
@@ -362,8 +363,30 @@ class Episode:
         raise SeedError(f"sandbox outage while seeding, {attempts} attempt(s): {last}", path=self.task.path,
                         rule="GYM-2", retryable=True) from last
 
+    def _open_main(self, spec: SandboxSpec) -> Sandbox:
+        """The agent sandbox: the factory's, or service ``main`` of the compose group (COMPOSE-1)."""
+        compose = getattr(self.task, "compose", None)
+        if compose is None or self.task.config.environment.docker_image or self.task.dockerfile is not None:
+            return self._factory(spec)
+        from harbor_gym.sandbox.compose import open_group
+
+        group = open_group(compose, backend=self._backend_name(), settings=SandboxSettings.from_config(self.config),
+                           main_spec=spec, network=spec.network, labels=dict(spec.labels), name_hint=self.task.id,
+                           build_timeout_s=spec.build_timeout_s)
+        self._group = group
+        return group.main
+
+    def _sidecar(self, name: str) -> Sandbox | None:
+        """COMPOSE-1: a running sidecar by service name, or ``None``."""
+        if self._group is None:
+            return None
+        try:
+            return self._group.service(name)
+        except (KeyError, HarborGymError):
+            return None
+
     def _seed_once(self, spec: SandboxSpec) -> None:
-        sb = self._factory(spec)
+        sb = self._open_main(spec)
         self._sandbox = sb
         self._user_in_place = sb.default_user
         workdir = sb.workdir
@@ -395,7 +418,7 @@ class Episode:
 
     def _stop_sandboxes(self) -> None:
         first: BaseException | None = None
-        for sb in [*self._others, self._sandbox]:
+        for sb in [*self._others, self._sandbox, self._group]:
             if sb is None:
                 continue
             try:
@@ -404,6 +427,7 @@ class Episode:
                 first = first or exc
         self._others.clear()
         self._sandbox = None
+        self._group = None
         if first is not None:
             _log.warning("stopping a sandbox failed: %s", first)
 
@@ -624,9 +648,24 @@ class Episode:
     # --- artifacts (ART-1..5) ----------------------------------------------------------------------------
     def _collect(self, t: _Turn) -> None:
         sb, step = self._sandbox, t.step
-        run_hooks(step.collect, lambda cmd, user, tmo: self._exec(
-            sb, ["bash", "-c", cmd], timeout=tmo, user=user or self._user_in_place, cwd=sb.workdir))
-        t.manifest = collect(sb, plan_entries(step), t.dirs.artifacts, harbor=False)  # DIFF-13: Seed side
+        def main_hook(cmd: str, user: str | None, tmo: float) -> ExecResult:
+            return self._exec(sb, ["bash", "-c", cmd], timeout=tmo, user=user or self._user_in_place, cwd=sb.workdir)
+
+        def sidecar_hook(service: str, cmd: str, user: str | None, tmo: float) -> ExecResult | None:
+            side = self._sidecar(service)  # COMPOSE-3: no workdir, user or env of main
+            return None if side is None else self._exec(side, ["sh", "-c", cmd], timeout=tmo, user=user)
+
+        plan = plan_entries(step)
+        main_plan = [p for p in plan if p.service is None]
+        side_plan = [p for p in plan if p.service is not None]
+        done: list[str] = []
+        run_hooks(step.collect, main_hook)
+        manifest = collect(sb, main_plan, t.dirs.artifacts, harbor=False, write_manifest=False, done=done)
+        run_hooks(step.collect, main_hook, sidecar_hook if self._group is not None else None, sidecars=True)
+        manifest += collect(sb, side_plan, t.dirs.artifacts, harbor=False, sidecars=self._sidecar, done=done,
+                            write_manifest=False)
+        t.manifest = manifest  # DIFF-13: the Seed side under both semantics
+        (t.dirs.artifacts / "manifest.json").write_text(json.dumps([m.to_dict() for m in manifest], indent=2))
         self._clock.check()
 
     # --- the verifier (VER-3..11) ------------------------------------------------------------------------
@@ -643,8 +682,8 @@ class Episode:
         if t.mode == "separate":
             spec, uploads = verifier_spec(self.task, step, agent=self._agent_spec)
             if t.index == len(self.task.steps) - 1 and self._sandbox is not None:
-                # VER-3: on the last step, main stops once its artifacts are collected, before the verify.
-                self._sandbox.stop()
+                # VER-3: on the last step, the agent sandbox (and its group) stops before the verify.
+                (self._group or self._sandbox).stop()
             vsb = self._factory(spec)
             self._others.append(vsb)
             try:

@@ -16,6 +16,8 @@ __all__ = ["agent_spec", "verifier_spec", "seed_refusals", "resolved_env", "TASK
 
 #: Label naming the task a sandbox runs (the managed and run labels are added by the backend).
 TASK_LABEL = "io.harbor-gym.task"
+#: Image placeholder of a compose task's main spec (the group takes service ``main``'s image).
+COMPOSE_MAIN_PLACEHOLDER = "harbor-gym-compose:main"
 #: Label naming the step a separate verifier sandbox verifies.
 STEP_LABEL = "io.harbor-gym.step"
 
@@ -76,6 +78,9 @@ def agent_spec(task: Task, *, env: Mapping[str, str] | None = None) -> SandboxSp
         return SandboxSpec(image=cfg.docker_image, **common)
     if task.dockerfile is not None:
         return SandboxSpec(build_context=task.dockerfile.parent, dockerfile=task.dockerfile.name, **common)
+    if getattr(task, "compose", None) is not None:
+        # COMPOSE-1: service main's image replaces this placeholder when the group starts.
+        return SandboxSpec(image=COMPOSE_MAIN_PLACEHOLDER, **common)
     raise SeedRefusedError("environment/docker-compose.yaml groups cannot run on any provider here (COMPOSE-2)",
                            path=task.compose_file or task.path, field="environment", rule="LOAD-24")
 
