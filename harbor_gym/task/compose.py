@@ -1,16 +1,17 @@
 """The supported subset of ``environment/docker-compose.yaml`` (SPEC COMPOSE-1..3): frozen models, parser.
 
 Pure: reads the file, starts nothing. ``parse_compose_file(path)`` returns a `ComposeFile` or raises
-`TaskLoadError` naming the compose file, the key (``services.<svc>.<key>``) and the rule. Supported, per service:
-``image`` or ``build`` (a context string, or ``{context, dockerfile}``), ``environment`` (mapping or ``K=V``
-list), ``command``/``entrypoint`` (string split like a shell, or a list), ``working_dir``, ``user``, ``volumes``
-(named volumes declared at the top level, and paths inside the environment folder), ``depends_on`` (list, or
-mapping with ``condition: service_started|service_healthy``), ``healthcheck`` (``test``, ``interval``,
-``timeout``, ``retries``, ``start_period``, ``disable``), ``deploy.resources.{limits,reservations}``
-(``cpus``, ``memory``, ``pids`` in limits) and the legacy ``cpus``/``mem_limit``. At the top level:
-``services``, ``volumes`` (names only) and the obsolete ``version``. ``x-*`` extension keys are ignored, as
-compose does. Anything else is refused (rule ``COMPOSE-1``; sizes ``COMPOSE-2``; paths outside ``environment/``
-``LOAD-13``), never silently ignored. Values are taken literally: no ``${VAR}`` interpolation.
+`TaskLoadError` naming the compose file, the key (``services.<svc>.<key>``) and the rule. Supported, per
+service: ``image`` or ``build`` (a context string, or ``{context, dockerfile}``), ``environment`` (mapping or
+``K=V`` list), ``command``/``entrypoint`` (string split like a shell, or a list), ``working_dir``, ``user``,
+``volumes`` (named volumes declared at the top level, and paths inside the environment folder), ``depends_on``
+(list, or mapping with ``condition: service_started|service_healthy``), ``healthcheck`` (``test``,
+``interval``, ``timeout``, ``retries``, ``start_period``, ``disable``),
+``deploy.resources.{limits,reservations}`` (``cpus``, ``memory``, ``pids`` in limits) and the legacy
+``cpus``/``mem_limit``. At the top level: ``services``, ``volumes`` (names only) and the obsolete ``version``.
+``x-*`` extension keys are ignored, as compose does. Anything else is refused (rule ``COMPOSE-1``; sizes
+``COMPOSE-2``; paths outside ``environment/`` ``LOAD-13``), never silently ignored. Values are taken
+literally: no ``${VAR}`` interpolation.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ class ComposeHealthcheck:
 
 @dataclass(frozen=True)
 class ComposeMount:
-    """One ``volumes`` entry: a named volume of the group (``kind="volume"``, ``source`` = its compose name) or
-    a path inside ``environment/`` (``kind="bind"``, ``source`` = the absolute host path)."""
+    """One ``volumes`` entry: a named volume of the group (``kind="volume"``, ``source`` = its compose name)
+    or a path inside ``environment/`` (``kind="bind"``, ``source`` = the absolute host path)."""
 
     kind: str  # "volume" | "bind"
     source: str

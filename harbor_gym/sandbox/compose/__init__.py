@@ -1,8 +1,9 @@
-"""harbor_gym.sandbox.compose: compose groups, a task's ``main`` sandbox with its sidecars (SPEC COMPOSE-1..3).
+"""harbor_gym.sandbox.compose: compose groups, a task's ``main`` sandbox with its sidecars (SPEC
+COMPOSE-1..3).
 
-`open_group` starts a `ComposeGroup` for a parsed compose file (``Task.compose``) on a backend that can run groups
-(``docker``); the ``local`` backend cannot and refuses with `SandboxUnavailableError` (COMPOSE-2: "a provider
-that cannot run groups refuses at seed").
+`open_group` starts a `ComposeGroup` for a parsed compose file (``Task.compose``) on a backend that can run
+groups (``docker``); the ``local`` backend cannot and refuses with `SandboxUnavailableError` (COMPOSE-2: "a
+provider that cannot run groups refuses at seed").
 """
 
 from __future__ import annotations
@@ -58,14 +59,15 @@ def open_group(
     is left.
 
     Raises:
-        SandboxUnavailableError: the backend cannot run groups (``local``, COMPOSE-2) or is unknown; no engine.
+        SandboxUnavailableError: the backend cannot run groups (``local``, COMPOSE-2) or is unknown; no
+            engine.
         ImageError, SandboxError: as `ComposeGroup.start`.
     """
     from harbor_gym.sandbox import _default_settings, choose_backend
 
     refuse_groups(compose, choose_backend(backend))
-    group = ComposeGroup(compose, settings=settings or _default_settings(), main_spec=main_spec, network=network,
-                         labels=labels, name_hint=name_hint, build_timeout_s=build_timeout_s,
+    group = ComposeGroup(compose, settings=settings or _default_settings(), main_spec=main_spec,
+                         network=network, labels=labels, name_hint=name_hint, build_timeout_s=build_timeout_s,
                          start_timeout_s=start_timeout_s)
     group.start()  # stops itself on any failure
     return group

@@ -1,19 +1,19 @@
 """`ServiceSandbox`: one compose service as a `DockerSandbox` on its group's private network (private).
 
-It is a `DockerSandbox` in every respect (exec, put, get, read_file, stop) except how its container is created:
-attached to the group's network with the service name as its DNS alias, with the service's named volumes and
-read-only binds mounted, its read-write binds copied in before start (the task folder is never mounted
-writable), its memory size in bytes, its compose healthcheck given to the engine, and its command run under the
-lease loop (`SERVICE_LOOP`).
+It is a `DockerSandbox` in every respect (exec, put, get, read_file, stop) except how its container is
+created: attached to the group's network with the service name as its DNS alias, with the service's named
+volumes and read-only binds mounted, its read-write binds copied in before start (the task folder is never
+mounted writable), its memory size in bytes, its compose healthcheck given to the engine, and its command run
+under the lease loop (`SERVICE_LOOP`).
 
-Lease (SPEC's clean-up rule): a service's own process cannot be the lease loop, so the container's main process
-(under the engine's init) is a POSIX-sh wrapper that starts the service's argv in the background and then runs
-the same lease check as every sandbox; when the lease goes stale the wrapper exits and the container stops. A
-sidecar's wrapper also exits with the service's status when the service exits (compose: the container stops);
-``main``'s keeps running, since the agent's sandbox must outlive whatever command it declares. Sidecar
+Lease (SPEC's clean-up rule): a service's own process cannot be the lease loop, so the container's main
+process (under the engine's init) is a POSIX-sh wrapper that starts the service's argv in the background and
+then runs the same lease check as every sandbox; when the lease goes stale the wrapper exits and the container
+stops. A sidecar's wrapper also exits with the service's status when the service exits (compose: the container
+stops); ``main``'s keeps running, since the agent's sandbox must outlive whatever command it declares. Sidecar
 containers are not auto-removed, so a service that dies during start can be diagnosed from its logs; the
-group's ``stop`` removes them, and ``harbor-gym gc`` removes what a crashed host left (their run label and TTL).
-Needs ``sh``, ``stat``, ``date``, ``sleep`` and ``kill`` in the image (coreutils or busybox).
+group's ``stop`` removes them, and ``harbor-gym gc`` removes what a crashed host left (their run label and
+TTL). Needs ``sh``, ``stat``, ``date``, ``sleep`` and ``kill`` in the image (coreutils or busybox).
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ class ServiceSandbox(DockerSandbox):
         elif self._follow:
             from harbor_gym.errors import SandboxError
 
-            raise SandboxError(f"service {service.name!r} has no command: neither the compose file nor its image "
-                               "names one", field=f"services.{service.name}.command", rule="COMPOSE-1")
+            raise SandboxError(f"service {service.name!r} has no command: neither the compose file nor its "
+                               "image names one", field=f"services.{service.name}.command", rule="COMPOSE-1")
         else:
             command = leases.lease_command(self.settings.lease_ttl_s)
         healthcheck = None

@@ -1,15 +1,16 @@
-"""`ComposeGroup`: the services of a compose file as `Sandbox` objects on a private network (SPEC COMPOSE-1..3).
+"""`ComposeGroup`: the services of a compose file as `Sandbox` objects on a private network (SPEC
+COMPOSE-1..3).
 
-Start: one labelled bridge network of the group (``internal`` unless the task's network is on: services reach each
-other by name, nothing reaches out), the declared named volumes (labelled), then every service in
+Start: one labelled bridge network of the group (``internal`` unless the task's network is on: services reach
+each other by name, nothing reaches out), the declared named volumes (labelled), then every service in
 ``depends_on`` order, each a `ServiceSandbox` (a `DockerSandbox`), waiting for ``condition: service_healthy``
 through the engine's healthcheck status before starting a dependent. ``main`` is the agent's sandbox; its spec
 (workdir, env, user, sizes) may come from the caller (`main_spec`). Sidecar sizes follow COMPOSE-2; sidecar
 commands never see ``main``'s workdir, user or env (COMPOSE-3: each service runs with its own).
 
 Stop removes the containers (reverse order), then the network, then the volumes; it is idempotent, runs on any
-failure during start (Ctrl-C included) and at interpreter exit. Every resource carries the managed label, the run
-label and the lease TTL, so ``harbor-gym gc`` removes what a crashed host left.
+failure during start (Ctrl-C included) and at interpreter exit. Every resource carries the managed label, the
+run label and the lease TTL, so ``harbor-gym gc`` removes what a crashed host left.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from typing import TYPE_CHECKING, Any, Mapping
 from harbor_gym.errors import SandboxError
 from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox._engine import get_client, translate_error
-from harbor_gym.sandbox.base import MANAGED_LABEL, RUN_LABEL, Sandbox, SandboxSettings, SandboxSpec, SandboxState
+from harbor_gym.sandbox.base import (
+    MANAGED_LABEL,
+    RUN_LABEL,
+    Sandbox,
+    SandboxSettings,
+    SandboxSpec,
+    SandboxState,
+)
 from harbor_gym.sandbox.compose._service import GROUP_LABEL, SERVICE_LABEL, ServiceSandbox
 from harbor_gym.sandbox.docker_backend import TTL_LABEL
 
@@ -182,8 +190,9 @@ class ComposeGroup:
         labels = self._resource_labels(lease)
         api = self.client.api
         try:
-            self._network_id = api.create_network(self.name, driver="bridge", internal=not self.network_enabled,
-                                                  labels=labels, check_duplicate=True)["Id"]
+            self._network_id = api.create_network(
+                self.name, driver="bridge", internal=not self.network_enabled, labels=labels,
+                check_duplicate=True)["Id"]
             for volume in self.compose.volumes:
                 docker_name = f"{self.name}_{volume}"
                 api.create_volume(docker_name, labels=labels)
@@ -197,13 +206,15 @@ class ComposeGroup:
                     self._wait_healthy(self._members[dep])
                     healthy.add(dep)
                 elif not self._members[dep].is_alive():
-                    raise self._died(self._members[dep], f"before {service.name!r} (which depends on it) started")
+                    raise self._died(self._members[dep],
+                                     f"before {service.name!r} (which depends on it) started")
             member = self._member(service, lease, labels)
             self._members[service.name] = member
             member.start()
             log.debug("group %s: service %s started (%s)", self.name, service.name, member.name)
 
-    def _member(self, service: "ComposeService", lease: leases.Lease, labels: dict[str, str]) -> ServiceSandbox:
+    def _member(self, service: "ComposeService", lease: leases.Lease,
+                labels: dict[str, str]) -> ServiceSandbox:
         size = service.size()
         image = {"image": service.image} if service.build is None else {
             "build_context": service.build.context, "dockerfile": service.build.dockerfile}
@@ -228,8 +239,8 @@ class ComposeGroup:
                 user=service.user, cpus=size.cpus, pids_limit=size.pids, network=self.network_enabled,
                 labels=member_labels, name_hint=hint)
         return ServiceSandbox(spec, self.settings, service=service, network=self.name, volumes=self._volumes,
-                              memory_bytes=memory_bytes, follow_service=not service.is_main, client=self._client,
-                              lease=lease)
+                              memory_bytes=memory_bytes, follow_service=not service.is_main,
+                              client=self._client, lease=lease)
 
     def _died(self, member: ServiceSandbox, when: str) -> SandboxError:
         return SandboxError(f"group {self.name}: service {member.service.name!r} exited {when}"
@@ -238,7 +249,8 @@ class ComposeGroup:
 
     def _logs_tail(self, member: ServiceSandbox) -> str:
         try:
-            text = self.client.api.logs(member.container_id or member.name, tail=20).decode("utf-8", "replace")
+            raw = self.client.api.logs(member.container_id or member.name, tail=20)
+            text = raw.decode("utf-8", "replace")
         except Exception:  # the container may be gone already; the message stays useful without its logs
             return ""
         return f"\n--- last lines of its output ---\n{text.rstrip()}" if text.strip() else ""
@@ -258,8 +270,8 @@ class ComposeGroup:
             if not state.get("Running"):
                 raise self._died(member, f"(code {state.get('ExitCode')}) before it became healthy")
             if health is None:
-                raise SandboxError(f"group {self.name}: a service waits for {name!r} to be healthy, but it has no "
-                                   "healthcheck (neither in the compose file nor in its image)",
+                raise SandboxError(f"group {self.name}: a service waits for {name!r} to be healthy, but it "
+                                   "has no healthcheck (neither in the compose file nor in its image)",
                                    path=self.compose.path, field=where, rule="COMPOSE-1")
             status = health.get("Status")
             if status == "healthy":
@@ -311,10 +323,11 @@ class ComposeGroup:
                 return
             except docker.errors.APIError as exc:
                 if time.monotonic() >= deadline:
-                    log.warning("group %s: removing %s failed: %s (harbor-gym gc removes it)", self.name, what,
-                                exc)
+                    log.warning("group %s: removing %s failed: %s (harbor-gym gc removes it)", self.name,
+                                what, exc)
                     return
             except Exception as exc:  # engine gone: gc removes it later
-                log.warning("group %s: removing %s failed: %s (harbor-gym gc removes it)", self.name, what, exc)
+                log.warning("group %s: removing %s failed: %s (harbor-gym gc removes it)", self.name, what,
+                            exc)
                 return
             time.sleep(_POLL_S)

@@ -1,4 +1,4 @@
-"""environment/docker-compose.yaml at load: the supported subset parsed, anything else refused naming the key."""
+"""environment/docker-compose.yaml at load: the supported subset parsed, anything else refused by name."""
 
 from __future__ import annotations
 
