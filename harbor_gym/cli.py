@@ -1,7 +1,8 @@
-"""The ``harbor-gym`` command line: check, validate, images, gc.
+"""The ``harbor-gym`` command line: run, check, validate, images, gc.
 
 Exit codes, for every command: 0 all good; 1 something checked failed; 2 bad usage or input that cannot be read
-(a path that is neither a task folder nor a folder of task folders, an unreadable settings file).
+(a path that is neither a task folder nor a folder of task folders, an unreadable settings file); 130 interrupted
+(Ctrl-C).
 """
 
 from __future__ import annotations
@@ -159,10 +160,74 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return status
 
 
+def _parse_labels(items: Sequence[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--label {item!r}: expected KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    """Run K rollouts of every task with an agent; results in --out (see harbor_gym.run)."""
+    from harbor_gym.config import EnvConfig
+    from harbor_gym.errors import TaskLoadError
+    from harbor_gym.run import RunOptions, load_targets, resolve_agent, run_rollouts
+    from harbor_gym.run.progress import RichProgress, summary_table
+
+    agent = resolve_agent(args.agent)
+    config = EnvConfig(backend=args.backend, labels=_parse_labels(args.label))
+    try:
+        targets = load_targets(args.path, config)
+    except TaskLoadError as exc:  # the one task given, or the dataset's own settings: nothing can run
+        raise UsageError(str(exc)) from exc
+    out = Path(args.out)
+    for task_id, error in targets.failures.items():
+        _err.print(f"harbor-gym run: task {task_id} failed to load, skipped: {error}")
+    options = RunOptions(agent=agent, out=out, rollouts_per_task=args.rollouts_per_task,
+                         concurrency=args.concurrency, retries=args.retries, seed=args.seed, config=config)
+    report = run_rollouts(targets, options, RichProgress(_err))
+    _out.print(summary_table(report.summaries, report.load_failures))
+    _out.print(f"results: {out / 'rollouts.jsonl'} ({report.graded} graded this run), "
+               f"{out / 'rollouts_failures.jsonl'} ({report.failed} failed this run), per-turn logs in {out / 'logs'}")
+    if report.interrupted:
+        _err.print(f"harbor-gym run: interrupted; finished results kept in {out}; run again with --out {out} "
+                   "to resume")
+    return report.exit_code
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harbor-gym", description="Harbor task folders as Gymnasium envs.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run", help="run a task or dataset with an agent; rollout files, progress, summary",
+        description="Run K rollouts of every task under PATH with an agent, C at a time. Results go to --out: "
+                    "rollouts.jsonl (graded episodes), rollouts_failures.jsonl (ungraded/masked episodes, tasks "
+                    "that failed to load) and logs/<task>/rollout-<k>/ (per-turn verifier output, agent output, "
+                    "artifacts). A second run with the same --out resumes, skipping finished episodes.",
+        epilog="Exit codes: 0 every episode graded (whatever its reward); 1 some episode failed (ungraded, masked, "
+               "retries exhausted) or a task of the dataset failed to load; 2 bad usage or input (not a task, "
+               "unknown agent, the task fails to load); 130 interrupted (Ctrl-C: sandboxes removed, finished "
+               "results kept).")
+    run.add_argument("path", metavar="PATH", help="a task folder or a folder of task folders")
+    run.add_argument("--agent", default="oracle", metavar="SPEC",
+                     help="oracle (default) | script:FILE (FILE's text every turn; a folder: <step_name>.sh, else "
+                          "default.sh, else ':') | module:Class (imported, made with no args, has run(turn))")
+    run.add_argument("--backend", choices=["auto", "docker", "local"], default="auto")
+    run.add_argument("--rollouts-per-task", "-k", type=int, default=1, metavar="K")
+    run.add_argument("--concurrency", "-c", type=int, default=1, metavar="C", help="episodes at a time")
+    run.add_argument("--retries", type=int, default=2, metavar="R",
+                     help="retries of a retryable failure (outage, deadline) per episode (default 2)")
+    run.add_argument("--out", default="harbor-gym-results", metavar="DIR",
+                     help="results folder (default ./harbor-gym-results)")
+    run.add_argument("--seed", type=int, default=0, metavar="S", help="base seed of the per-episode seeds")
+    run.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                     help="extra label on every container (repeatable)")
+    run.set_defaults(func=_cmd_run)
 
     check = sub.add_parser("check", help="load task folders and print each problem")
     check.add_argument("paths", nargs="+", metavar="PATH", help="a task folder or a folder of task folders")
