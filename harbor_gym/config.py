@@ -192,6 +192,11 @@ class EnvConfig(BaseModel):
     logs_root: str | None = Field(
         None, description="Turn logs land here and are kept; None: a temporary folder removed at close."
     )
+    pool_size: int = Field(
+        0, ge=0, description="Warm pool bound per sandbox spec (harbor_gym.sandbox.pool): N pristine sandboxes "
+        "started ahead so reset claims one; used by the vector env, `harbor-gym run` and pool_factory. 0: no pool "
+        "(reset starts its own sandbox).",
+    )
 
     @field_validator("prompt_template")
     @classmethod
