@@ -1,6 +1,7 @@
 """Gymnasium registration: generic ids for any task or dataset folder, one id per shipped example, and `make`.
 
-Ids (all ``nondeterministic=True``: a sandbox is a real system, SPEC GYM-1):
+Ids (all ``nondeterministic=True``: a sandbox is a real system, SPEC GYM-1; all with the vector entry point
+`harbor_gym.vector.HarborVectorEnv`, so ``gymnasium.make_vec(id, num_envs=N)`` builds it):
 - ``harbor_gym/HarborTask-v0`` (kwarg ``path``: a task folder),
 - ``harbor_gym/HarborDataset-v0`` (kwarg ``path``: a folder of task folders),
 - ``harbor_gym/<example>-v0`` for each folder of ``envs/`` shipped with the package.
@@ -13,7 +14,7 @@ from typing import Any
 
 import gymnasium as gym
 
-__all__ = ["register_envs", "make", "TASK_ID", "DATASET_ID", "example_id"]
+__all__ = ["register_envs", "make", "TASK_ID", "DATASET_ID", "example_id", "VECTOR_ENTRY_POINT"]
 
 TASK_ID = "harbor_gym/HarborTask-v0"
 DATASET_ID = "harbor_gym/HarborDataset-v0"
@@ -24,10 +25,15 @@ def example_id(name: str) -> str:
     return f"harbor_gym/{name}-v0"
 
 
+#: The vector entry point of every id (``gymnasium.make_vec(id, vectorization_mode="vector_entry_point")``).
+VECTOR_ENTRY_POINT = "harbor_gym.vector:HarborVectorEnv"
+
+
 def _register(env_id: str, entry_point: str, **kwargs: Any) -> None:
     if env_id in gym.registry:
         return
-    gym.register(id=env_id, entry_point=entry_point, nondeterministic=True, kwargs=kwargs or {})
+    gym.register(id=env_id, entry_point=entry_point, vector_entry_point=VECTOR_ENTRY_POINT, nondeterministic=True,
+                 kwargs=kwargs or {})
 
 
 def register_envs() -> None:
