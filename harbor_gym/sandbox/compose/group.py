@@ -175,10 +175,13 @@ class ComposeGroup:
         leases.register(self)
         try:
             self._start()
+            with self._lock:
+                self._check_not_stopped()
+                self._state = SandboxState.RUNNING
         except BaseException:
             self.stop()
+            self._sweep()
             raise
-        self._state = SandboxState.RUNNING
 
     def _resource_labels(self, lease: leases.Lease) -> dict[str, str]:
         return {**self.labels, MANAGED_LABEL: "true", RUN_LABEL: lease.run_id,
@@ -201,6 +204,7 @@ class ComposeGroup:
             translate_error(exc, what="create the group's network and volumes", sandbox=self.name)
         healthy: set[str] = set()
         for service in self.compose.start_order():
+            self._check_not_stopped()
             for dep, condition in service.depends_on:
                 if condition == "service_healthy" and dep not in healthy:
                     self._wait_healthy(self._members[dep])
@@ -211,7 +215,13 @@ class ComposeGroup:
             member = self._member(service, lease, labels)
             self._members[service.name] = member
             member.start()
+            self._check_not_stopped()
             log.debug("group %s: service %s started (%s)", self.name, service.name, member.name)
+
+    def _check_not_stopped(self) -> None:
+        """A concurrent `stop` (another thread closing the env) ends the start; what was made is removed."""
+        if self._state is SandboxState.STOPPED:
+            raise SandboxError(f"group {self.name} was stopped while starting", retryable=True)
 
     def _member(self, service: "ComposeService", lease: leases.Lease,
                 labels: dict[str, str]) -> ServiceSandbox:
@@ -291,23 +301,39 @@ class ComposeGroup:
     def stop(self) -> None:
         """Remove every container (reverse start order), then the network, then the volumes. Idempotent; never
         raises (what it cannot remove is logged and left to ``harbor-gym gc``)."""
-        with self._lock:
-            if self._state is SandboxState.STOPPED:
-                return
+        with self._lock:  # one stop at a time; a later call removes what a racing start made since
             self._state = SandboxState.STOPPED
+            try:
+                for member in reversed(list(self._members.values())):
+                    try:
+                        member.stop()  # idempotent
+                    except Exception as exc:  # keep removing the rest; gc removes what this misses
+                        log.warning("group %s: stopping %s failed: %s", self.name, member.name, exc)
+                network_id, self._network_id = self._network_id, None
+                if network_id is not None:
+                    self._remove(lambda: self.client.api.remove_network(network_id), f"network {self.name}")
+                while self._volumes:
+                    _, docker_name = self._volumes.popitem()
+                    self._remove(lambda n=docker_name: self.client.api.remove_volume(n, force=True),
+                                 f"volume {docker_name}")
+            finally:
+                leases.unregister(self)
+
+    def _sweep(self) -> None:
+        """After a failed or interrupted start: remove whatever still carries the group's label (a container a
+        racing member start created after its stop, and the network and volumes then). Never raises."""
+        selector = {"label": f"{GROUP_LABEL}={self.name}"}
+        api = self.client.api
         try:
-            for member in reversed(list(self._members.values())):
-                try:
-                    member.stop()
-                except Exception as exc:  # keep removing the rest; gc removes what this misses
-                    log.warning("group %s: stopping %s failed: %s", self.name, member.name, exc)
-            if self._network_id is not None:
-                self._remove(lambda: self.client.api.remove_network(self._network_id), f"network {self.name}")
-            for docker_name in self._volumes.values():
-                self._remove(lambda n=docker_name: self.client.api.remove_volume(n, force=True),
-                             f"volume {docker_name}")
-        finally:
-            leases.unregister(self)
+            for container in api.containers(all=True, filters=selector):
+                self._remove(lambda cid=container["Id"]: api.remove_container(cid, force=True),
+                             f"container {container['Id'][:12]}")
+            for net in api.networks(filters=selector):
+                self._remove(lambda nid=net["Id"]: api.remove_network(nid), f"network {net['Name']}")
+            for vol in (api.volumes(filters=selector) or {}).get("Volumes") or []:
+                self._remove(lambda n=vol["Name"]: api.remove_volume(n, force=True), f"volume {vol['Name']}")
+        except Exception as exc:  # engine gone: gc removes the rest by lease
+            log.warning("group %s: sweeping after a failed start failed: %s", self.name, exc)
 
     def _remove(self, remove: Any, what: str) -> None:
         """Call ``remove`` until it succeeds or the thing is gone; retried while containers are still being

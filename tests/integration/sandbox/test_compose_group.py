@@ -15,6 +15,7 @@ from harbor_gym.sandbox import MANAGED_LABEL, RUN_LABEL, SandboxSettings, Sandbo
 from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox.compose import GROUP_LABEL, SERVICE_LABEL, ComposeGroup, open_group
 from harbor_gym.sandbox.docker_backend import TTL_LABEL
+from harbor_gym.sandbox.gc import _dead as gc_dead
 from harbor_gym.task.compose import parse_compose_text
 
 BASE_IMAGE = "harbor-gym/base:bookworm"
@@ -337,10 +338,55 @@ def test_compose_1_services_exit_when_the_lease_goes_stale(tmp_path, docker_clie
         while any(m.is_alive() for m in members):
             assert time.monotonic() < deadline, "a service outlived its lease"
             time.sleep(0.5)
-        assert not leases.lease_is_live(lease.run_id, 2)  # what gc checks before removing them
+        # what `harbor-gym gc` judges by: every labelled resource of the group now counts as garbage (the
+        # decision only: a global gc here could touch other runs' resources)
+        selector = {"label": f"{GROUP_LABEL}={group.name}"}
+        resources = ([c["Labels"] for c in docker_client.api.containers(all=True, filters=selector)]
+                     + [n["Labels"] for n in docker_client.api.networks(filters=selector)]
+                     + [v["Labels"] for v in docker_client.api.volumes(filters=selector)["Volumes"] or []])
+        assert len(resources) >= 3 and all(gc_dead(labels) for labels in resources)
     finally:
         group.stop()
         lease.release()
+    assert labelled(docker_client, group.name) == {"containers": [], "networks": [], "volumes": []}
+
+
+@pytest.mark.docker
+def test_compose_1_stop_during_start_leaves_nothing(tmp_path, docker_client):
+    # SPEC: COMPOSE-1, GYM-7 — closing from another thread while the group waits for a healthy sidecar ends
+    # the start with an error and removes everything made so far
+    import threading
+
+    compose = compose_in(tmp_path, f"""services:
+  main:
+    image: {BASE_IMAGE}
+    depends_on: {{never: {{condition: service_healthy}}}}
+  never:
+    image: {BASE_IMAGE}
+    command: ["sleep", "1000"]
+    healthcheck: {{test: "false", interval: 200ms, retries: 1000}}
+volumes:
+  v:
+""")
+    group = ComposeGroup(compose, settings=base_settings(), name_hint="compose-test", start_timeout_s=60)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            group.start()
+        except BaseException as exc:  # collected for the assertion below
+            errors.append(exc)
+
+    worker = threading.Thread(target=start)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while "never" not in group.services:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    group.stop()
+    worker.join(30)
+    assert not worker.is_alive() and errors and isinstance(errors[0], SandboxError), errors
+    group.stop()
     assert labelled(docker_client, group.name) == {"containers": [], "networks": [], "volumes": []}
 
 
