@@ -6,17 +6,18 @@ from harbor_gym.agents._outcome import AgentOutcome, AgentStatus
 from harbor_gym.agents._script import tail
 from harbor_gym.agents._turn import Turn
 
-__all__ = ["Oracle", "ORACLE_LOG"]
+__all__ = ["Oracle", "ORACLE_LOG", "ORACLE_RUN"]
 
 #: ORACLE-2: where the oracle's output goes inside the sandbox.
 ORACLE_LOG = "/logs/agent/oracle.txt"
 
 # Make solve.sh executable and run it directly (its shebang picks the interpreter), output to the log; print the
 # log's tail so the host gets it without another round trip.
-_RUN = (
+ORACLE_RUN = (
     "chmod +x /solution/solve.sh 2>/dev/null; mkdir -p /logs/agent 2>/dev/null; rm -f " + ORACLE_LOG + " 2>/dev/null; "
-    "/solution/solve.sh > " + ORACLE_LOG + " 2>&1; rc=$?; tail -c 4096 " + ORACLE_LOG + " 2>/dev/null; exit $rc"
+    "/solution/solve.sh > " + ORACLE_LOG + " 2>&1"
 )
+_RUN = ORACLE_RUN + "; rc=$?; tail -c 4096 " + ORACLE_LOG + " 2>/dev/null; exit $rc"
 
 
 class Oracle:

@@ -31,13 +31,14 @@ from harbor_gym.agents import (
     as_agent,
     build_trajectory,
 )
-from harbor_gym.agents._oracle import ORACLE_LOG
+from harbor_gym.agents._oracle import ORACLE_LOG, ORACLE_RUN
 from harbor_gym.config import AgentOutcomePolicy, EnvConfig, Semantics, TurnSessions
 from harbor_gym.errors import (
     HarborGymError,
     ImageError,
     ResetNeededError,
     SandboxError,
+    SandboxPathError,
     SandboxUnavailableError,
     SeedError,
     SeedRefusedError,
@@ -126,6 +127,9 @@ class _Turn:
     mask_reason: str | None = None
     prep_kind: str | None = None
     engine_error: bool = False
+    prelude: Script | None = None
+    prelude_stdin: bytes | None = None
+    art_snapshot: bool = False
 
 
 class Episode:
@@ -391,6 +395,7 @@ class Episode:
         self._user_in_place = sb.default_user
         workdir = sb.workdir
         script = Script()
+        stdin: bytes | None = None
         script.add(f"mkdir -p /logs/agent /logs/verifier /logs/artifacts /tests {STAGE_DIR} && "
                    f"chmod 0777 /logs/agent /logs/verifier /logs/artifacts && chmod 0700 {STAGE_DIR} || "
                    + script.flag("failed"))
@@ -400,10 +405,9 @@ class Episode:
             builder = ArchiveBuilder()
             builder.add_tree(self.task.environment_dir, workdir, honour_ignore=False, root=self.task.path)
             if builder:
-                sb.put_bytes(builder.render(), f"{STAGE_DIR}/seed.tar", mode=0o600)
-                script.add(f"tar -xpf {STAGE_DIR}/seed.tar -C / || {script.flag('failed')}; "
-                           f"rm -f {STAGE_DIR}/seed.tar")
-        result = sb.exec(script.text(), timeout=_HOUSEKEEPING_S, user="root")
+                stdin = builder.render()  # the archive travels on the exec's stdin: no separate upload
+                script.add(f"tar -xpf - -C / || {script.flag('failed')}")
+        result = sb.exec(script.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin)
         if not result.ok or parse(result.stdout, script.marker).has("failed"):
             raise SandboxError(f"seeding commands failed (exit {result.exit_code}): {result.stderr[-500:]}",
                                field="seed", rule="GYM-2", retryable=True)
@@ -433,10 +437,10 @@ class Episode:
 
     # --- helpers -----------------------------------------------------------------------------------------
     def _exec(self, sb: Sandbox, command: Any, *, timeout: float | None, user: str | None,
-              env: dict[str, str] | None = None, cwd: str | None = None) -> ExecResult:
+              env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None) -> ExecResult:
         """``sb.exec`` bounded by the deadline; a command cut by the deadline raises `DeadlinePassed` (BUD-8)."""
         bound = self._clock.bound(timeout)
-        result = sb.exec(command, timeout=bound, user=user, env=env, cwd=cwd)
+        result = sb.exec(command, timeout=bound, user=user, env=env, cwd=cwd, stdin=stdin)
         if result.timed_out:
             self._clock.check()
         return result
@@ -475,6 +479,8 @@ class Episode:
             return TurnFault.PREP_FAILED
         with _timed(t, "agent"):
             t.outcome = self._activate(t)
+        if t.outcome is None:  # the preparation folded into the oracle's exec failed (TURN-8)
+            return TurnFault.PREP_FAILED
         policy = None if self._harbor else t.outcome.effective_policy(self.config.agent_outcome_policy)
         if policy is AgentOutcomePolicy.RETRY:
             return TurnFault.AGENT_RETRY
@@ -541,14 +547,21 @@ class Episode:
         solution_now = is_oracle and step.setup_script is None and step.healthcheck is None
         if is_oracle and step.solution_dir is not None:
             builder.add_tree(step.solution_dir, f"{STAGE_DIR}/sol", honour_ignore=True, root=self.task.path)
+        stdin: bytes | None = None
         if builder:
-            sb.put_bytes(builder.render(), f"{STAGE_DIR}/prep.tar", mode=0o600)
+            stdin = builder.render()  # on the exec's stdin: one round trip for staging and housekeeping
             fail = script.flag("workdir_failed") if has_workdir else script.flag("outage", "stage")
-            script.add(f"tar -xpf {STAGE_DIR}/prep.tar -C / 2>&1 || {fail}; rm -f {STAGE_DIR}/prep.tar")
+            script.add(f"tar -xpf - -C / 2>&1 || {fail}")
         if solution_now:
             self._solution_fragment(script, user)
+        if solution_now and _is_root(user):
+            # One round trip: the oracle's activation runs right after this housekeeping, in the same exec.
+            t.prelude, t.prelude_stdin = script, stdin
+            self._cleanup_pending = False
+            self._user_in_place = user
+            return None
         if script:
-            self._run_root(script, t)
+            self._run_root(script, t, stdin)
             self._cleanup_pending = False
             if t.prep_kind is not None:
                 return t.prep_kind
@@ -573,9 +586,9 @@ class Episode:
             self._run_root(script, t)
         return None
 
-    def _run_root(self, script: Script, t: _Turn) -> None:
+    def _run_root(self, script: Script, t: _Turn, stdin: bytes | None = None) -> None:
         """Run a housekeeping script as root; map its flags: ``outage`` raises, ``workdir_failed`` sets TURN-8."""
-        res = self._exec(self._sandbox, script.text(), timeout=_HOUSEKEEPING_S, user="root")
+        res = self._exec(self._sandbox, script.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin)
         flags = parse(res.stdout, script.marker)
         if flags.has("outage") or res.timed_out or res.exit_code not in (0,):
             what = " ".join(flags.first("outage") or ["exit", str(res.exit_code)])
@@ -597,7 +610,11 @@ class Episode:
                     user=self._user_in_place, budget_sec=budget, workdir=sb.workdir, _exec_fn=sb.exec,
                     _deadline=None if bounded is None else time.monotonic() + bounded,
                     solution_env=self._solution_env if isinstance(t.agent, Oracle) else {})
-        if isinstance(t.agent, (ScriptAgent, Oracle)):
+        if t.prelude is not None:
+            outcome = self._run_folded_oracle(t, turn)
+            if outcome is None:
+                return None
+        elif isinstance(t.agent, (ScriptAgent, Oracle)):
             outcome = self._call_agent(t.agent, turn)
         else:
             outcome = self._call_in_thread(t.agent, turn, bounded)
@@ -610,6 +627,29 @@ class Episode:
             "status": outcome.status.value, "policy": outcome.policy.value if outcome.policy else None,
             "exit_code": outcome.exit_code, "response": outcome.response}, indent=2))
         return outcome
+
+    def _run_folded_oracle(self, t: _Turn, turn: Turn) -> AgentOutcome | None:
+        """ORACLE-1/2 with their preparation in one exec (root agent user): the housekeeping prelude, then, if it
+        succeeded, ``/solution/solve.sh`` under the agent budget. ``None``: the prelude failed (TURN-8)."""
+        script = t.prelude
+        script.add('[ -z "$HGFAIL" ] || exit 0')
+        script.add(f"cd {q(turn.workdir)} 2>/dev/null; {ORACLE_RUN}; echo {q(script.marker)} rc $?")
+        script.add(f"printf '%s file oracle.txt 0\\n' {q(script.marker)}; tail -c 4096 {ORACLE_LOG} 2>/dev/null; "
+                   f"printf '\\n%s end\\n' {q(script.marker)}")
+        env = {**turn.solution_env, "DEBIAN_FRONTEND": "noninteractive"}
+        res = turn.exec(["sh", "-c", script.text()], env=env, stdin=t.prelude_stdin)
+        flags = parse(res.stdout, script.marker)
+        if flags.has("outage"):
+            raise SandboxError(f"housekeeping failed ({' '.join(flags.first('outage'))})", field=t.step.name,
+                               rule="TURN-8", retryable=True)
+        if flags.has("workdir_failed"):
+            t.prep_kind = WORKDIR_FAILED
+            return None
+        rc = flags.first("rc")
+        tail = flags.files.get("oracle.txt", (0, ""))[1]
+        if res.timed_out or rc is None:
+            return AgentOutcome(status=AgentStatus.TIMEOUT, output_tail=tail or res.stderr[-4096:])
+        return AgentOutcome(status=AgentStatus.COMPLETED, exit_code=int(rc[0]), output_tail=tail)
 
     def _call_agent(self, agent: Any, turn: Turn) -> AgentOutcome:
         try:
@@ -656,6 +696,11 @@ class Episode:
             return None if side is None else self._exec(side, ["sh", "-c", cmd], timeout=tmo, user=user)
 
         plan = plan_entries(step)
+        if t.mode == "shared" and not step.collect and [p.origin for p in plan] == ["convention"]:
+            # One round trip fewer: the verify exec snapshots /logs/artifacts (after the agent, before test.sh)
+            # and the snapshot is copied out only when it holds something (ART-1 order kept).
+            t.art_snapshot = True
+            return
         main_plan = [p for p in plan if p.service is None]
         side_plan = [p for p in plan if p.service is not None]
         done: list[str] = []
@@ -711,18 +756,20 @@ class Episode:
             for layer in step.tests_layers:
                 builder.add_tree(layer, "/tests", honour_ignore=True, root=self.task.path)
             builder.add_file(step.test_script, "/tests/test.sh", mode=0o755)
-        sb.put_bytes(builder.render(), f"{STAGE_DIR}/verify.tar", mode=0o600)
+        stdin = builder.render()  # tests + trajectory (+ artifacts) on the staging exec's stdin
         user = step.verifier_user or sb.default_user
         as_root = _is_root(user)
         is_last = t.index == len(self.task.steps) - 1
         prep = Script()
         tools = " ".join(_VERIFIER_TOOLS)
         prep.add(f"for t in {tools}; do command -v $t >/dev/null 2>&1 || {prep.flag('missing', '$t')}; done")
+        if t.art_snapshot:
+            prep.add(f"rm -rf {STAGE_DIR}/art; if [ -n \"$(ls -A /logs/artifacts 2>/dev/null)\" ]; then "
+                     f"cp -a /logs/artifacts {STAGE_DIR}/art && {prep.note('art')}; fi")
         prep.add("find /logs/verifier -mindepth 1 -maxdepth 1 -exec rm -rf {} + 2>/dev/null; "
                  + ("" if upload_tests else ": ") + "find /tests -mindepth 1 -maxdepth 1 -exec rm -rf {} + 2>/dev/null; "
                  "mkdir -p /tests /logs/verifier /logs/agent; chmod 0777 /logs/verifier; "
-                 f"tar -xpf {STAGE_DIR}/verify.tar -C / || {prep.flag('outage', 'stage')}; "
-                 f"rm -f {STAGE_DIR}/verify.tar; chmod +x /tests/test.sh 2>/dev/null")
+                 f"tar -xpf - -C / || {prep.flag('outage', 'stage')}; chmod +x /tests/test.sh 2>/dev/null")
         run = Script() if not as_root else prep
         run.add(f"cd {q(sb.workdir)} 2>/dev/null || cd /")
         run.add(f"{verifier_command(budget, harbor=self._harbor)}; echo {q(run.marker)} rc $?")
@@ -734,17 +781,19 @@ class Episode:
                     f"|| echo 0); if [ \"$n\" = 0 ] && [ \"$s\" -le {_INLINE_CAP} ]; then "
                     "find /tests /logs/verifier -mindepth 1 -maxdepth 1 -exec rm -rf {} + ; "
                     "chmod 0777 /logs/verifier; rm -f /logs/agent/trajectory.json; "
-                    f"{run.flag('cleaned')}; fi")
+                    f"{run.note('cleaned')}; fi")
         host_wait = budget + (5.0 if self._harbor else self.config.verifier_grace_s)
+        pflags = None
         if not as_root:
-            pre = self._exec(sb, prep.text(), timeout=_HOUSEKEEPING_S, user="root")
+            pre = self._exec(sb, prep.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin)
             pflags = parse(pre.stdout, prep.marker)
             if self._masked_by(t, pflags):
                 return
             if pflags.has("outage") or not pre.ok:
                 raise SandboxError(f"verifier staging failed: {pre.stderr[-300:]}", field=step.name, rule="VER-6",
                                    retryable=True)
-        res = self._exec(sb, run.text(), timeout=host_wait, user="root" if as_root else user, env=env)
+        res = self._exec(sb, run.text(), timeout=host_wait, user="root" if as_root else user, env=env,
+                         stdin=stdin if as_root else None)
         flags = parse(res.stdout, run.marker)
         if as_root and self._masked_by(t, flags):
             return
@@ -752,6 +801,7 @@ class Episode:
             raise SandboxError(f"verifier staging failed: {res.stderr[-300:]}", field=step.name, rule="VER-6",
                                retryable=True)
         rc = flags.first("rc")
+        art_noted = (pflags or flags).has("art")
         if res.timed_out or rc is None:
             # The host stopped waiting (VER-7): read what the verifier left in a second call.
             t.verifier_timed_out = True
@@ -761,6 +811,9 @@ class Episode:
             flags = parse(res2.stdout, again.marker)
         elif not self._harbor and rc and rc[0] in ("124", "137"):
             t.verifier_timed_out = True
+        if t.art_snapshot:
+            # the snapshot note comes from the first exec; after a host-side kill it may be lost: then try
+            self._snapshot_artifacts(t, sb, art_noted or t.verifier_timed_out)
         files = flags.files
         t.reading = read_reward_files(
             files["reward.json"][1] if "reward.json" in files else None,
@@ -770,13 +823,34 @@ class Episode:
             self._cleanup_pending = not flags.has("cleaned")
         self._write_verifier_logs(t, sb, flags)
 
+    def _snapshot_artifacts(self, t: _Turn, sb: Sandbox, present: bool) -> None:
+        """ART-1/4 for a convention-only turn: copy the verify exec's snapshot of ``/logs/artifacts`` out."""
+        plan = plan_entries(t.step)
+        status = "empty"
+        out = t.dirs.artifacts / plan[0].destination
+        out.mkdir(parents=True, exist_ok=True)
+        if present:
+            with tempfile.TemporaryDirectory(prefix="hg-art-") as tmp:
+                try:
+                    got = sb.get(f"{STAGE_DIR}/art", Path(tmp))
+                    shutil.copytree(got, out, dirs_exist_ok=True)
+                    status = "ok" if any(out.iterdir()) else "empty"
+                except SandboxPathError:
+                    status = "empty"
+                except SandboxError as exc:
+                    _log.warning("artifacts of %s not copied: %s (ART-3)", t.step.name, exc)
+                    status = "failed"
+        t.manifest = (ManifestEntry(plan[0].source, plan[0].destination, "directory", status, None, (),
+                                    plan[0].origin),)
+        (t.dirs.artifacts / "manifest.json").write_text(json.dumps([m.to_dict() for m in t.manifest], indent=2))
+
     def _emit(self, script: Script) -> None:
         script.emit_file("/logs/verifier/reward.json", "reward.json", _REWARD_CAP)
         script.emit_file("/logs/verifier/reward.txt", "reward.txt", _REWARD_CAP)
         script.emit_file("/logs/verifier/test-stdout.txt", "test-stdout.txt", _INLINE_CAP)
         script.add("for f in /logs/verifier/* /logs/verifier/.[!.]*; do [ -e \"$f\" ] || continue; "
                    "case \"${f##*/}\" in reward.json|reward.txt|test-stdout.txt) ;; *) "
-                   + script.flag("extra", '"${f##*/}"') + ";; esac; done")
+                   + script.note("extra", '"${f##*/}"') + ";; esac; done")
 
     def _masked_by(self, t: _Turn, flags: Any) -> bool:
         """VER-11: a missing tool masks the turn (``mask_reason = "verifier_error"``); test.sh did not start."""

@@ -32,6 +32,11 @@ class Script:
     def flag(self, word: str, *args: str) -> str:
         """A command printing the marker line ``word args``."""
         rest = " ".join(args)
+        return f"{{ echo {q(self.marker)} {word}{(' ' + rest) if rest else ''}; HGFAIL=1; }}"
+
+    def note(self, word: str, *args: str) -> str:
+        """Like `flag` but not a failure (``HGFAIL`` untouched)."""
+        rest = " ".join(args)
         return f"echo {q(self.marker)} {word}{(' ' + rest) if rest else ''}"
 
     def emit_file(self, path: str, name: str, cap: int) -> None:

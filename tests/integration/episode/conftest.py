@@ -106,17 +106,26 @@ BACKENDS = [
 
 @pytest.fixture(autouse=True)
 def _no_leftover_containers(request):
-    """Every test leaves no labelled container behind (Docker tests only)."""
+    """Every test leaves no container of this process's run behind (Docker tests only)."""
     yield
     if request.node.get_closest_marker("docker") is None:
         return
+    import time
+
     import docker
 
+    from harbor_gym.sandbox.base import MANAGED_LABEL, RUN_LABEL
+    from harbor_gym.sandbox.lease import process_lease
+
+    run_id = process_lease().run_id
     client = docker.from_env(timeout=30)
     try:
-        # one list call (no per-container inspect, which races with other suites removing theirs)
-        left = client.api.containers(all=True, filters={"label": "io.harbor-gym.managed=true"})
-        mine = [c["Names"] for c in left if (c.get("Labels") or {}).get("io.harbor-gym.task", "").startswith("ep-")]
-        assert not mine, f"containers left behind: {mine}"
+        for _ in range(10):  # one list call per try (no per-container inspect racing other suites' removals)
+            left = client.api.containers(all=True, filters={"label": [f"{MANAGED_LABEL}=true",
+                                                                      f"{RUN_LABEL}={run_id}"]})
+            if not left:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"containers left behind: {[c['Names'] for c in left]}")
     finally:
         client.close()
