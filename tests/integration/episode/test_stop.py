@@ -72,7 +72,7 @@ class _Outcome:
         return AgentOutcome(**self.kw)
 
 
-# SPEC: STOP-6
+# SPEC: STOP-6, STOP-7
 @pytest.mark.parametrize("policy,kind,retryable", [("retry", "harbor_gym:agent_retry", True),
                                                    ("fail", "harbor_gym:agent_failed", False)])
 def test_stop_6_agent_error_retry_or_fail_ends_ungraded(tmp_path, policy, kind, retryable):
@@ -84,7 +84,7 @@ def test_stop_6_agent_error_retry_or_fail_ends_ungraded(tmp_path, policy, kind, 
     assert final.failure_kind == kind and final.retryable is retryable
 
 
-# SPEC: STOP-6
+# SPEC: STOP-6, STOP-7
 def test_stop_6_agent_error_grade_and_timeout_are_graded(tmp_path):
     task = write_task(tmp_path, {"task.toml": toml(["s1"]), "tests/test.sh": REWARD_1})
     results, final = run_episode(task, _Outcome(status="error"), {"agent_outcome_policy": "grade"})

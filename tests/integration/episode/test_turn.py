@@ -191,3 +191,18 @@ def test_turn_11_logs_without_logs_root_are_temporary(tmp_path):
         r = ep.run_turn(":")
         assert r.record.log_dir is None and r.episode.log_dir is None and root.is_dir()
     assert not root.exists()
+
+
+# SPEC: GYM-9, TURN-11
+def test_gym_9_single_step_task_is_one_turn_named_by_task_id(tmp_path):
+    task = tmp_path / "ep-single"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.toml").write_text(toml([]) + "[verifier]\ntimeout_sec = 10\n")
+    (task / "instruction.md").write_text("Write hello.\n")
+    (task / "tests" / "test.sh").write_text(grade("[ -f /app/hello ]"))
+    os.chmod(task / "tests" / "test.sh", 0o755)
+    results, final = run_episode(task, "touch /app/hello", {"logs_root": str(tmp_path / "logs")})
+    rec = results[0].record
+    assert rec.step_name == "ep-single" and rec.instruction == "Write hello.\n" and rec.reward == 1.0
+    assert Path(rec.log_dir).name != "steps" and (Path(rec.log_dir) / "verifier" / "reward.txt").is_file()
+    assert final.reward == 1.0 and len(final.turns) == 1

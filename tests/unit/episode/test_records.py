@@ -1,0 +1,41 @@
+"""TurnRecord / EpisodeResult (SPEC GYM-8): frozen, picklable, JSON-able, exactly the announced fields."""
+
+import dataclasses
+import json
+import pickle
+
+import pytest
+
+from harbor_gym.episode import EpisodeResult, ManifestEntry, TurnRecord, TurnResult
+
+
+def _record():
+    return TurnRecord(task_id="t", step_name="s", index=0, instruction="i", reward=1.0, verifier_rewards={"reward": 1.0},
+                      reward_valid=True, masked=False, verifier_mode="shared", failure_kind=None,
+                      min_reward_missed=False, agent_status="completed", exit_code=0, output_tail="",
+                      manifest=(ManifestEntry("/logs/artifacts", "logs/artifacts", "directory", "empty",
+                                              origin="convention"),), timings={"agent": 0.1})
+
+
+# SPEC: GYM-8
+def test_gym_8_record_fields():
+    gym8 = {"step_name", "index", "reward", "verifier_rewards", "reward_valid", "masked", "verifier_mode",
+            "failure_kind", "min_reward_missed", "agent_status", "exit_code", "output_tail", "manifest", "log_dir",
+            "timings"}
+    assert {f.name for f in dataclasses.fields(TurnRecord)} == gym8 | {"task_id", "instruction", "mask_reason"}
+    ep = {"reward", "verifier_rewards", "strategy", "verifier_mode", "turns", "stopped_after_turn", "masked",
+          "graded", "failure_kind", "retryable", "response"}
+    assert {f.name for f in dataclasses.fields(EpisodeResult)} == ep | {"task_id", "log_dir", "timings"}
+
+
+# SPEC: GYM-8
+def test_gym_8_frozen_picklable_jsonable():
+    rec = _record()
+    res = EpisodeResult(task_id="t", reward=1.0, verifier_rewards={"reward": 1.0}, strategy="mean",
+                        verifier_mode="shared", turns=(rec,), stopped_after_turn=None, masked=False, graded=True,
+                        failure_kind=None, retryable=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.reward = 0.0
+    assert pickle.loads(pickle.dumps(res)) == res
+    data = json.loads(json.dumps(TurnResult(rec, True, False, res).to_dict()))
+    assert data["episode"]["turns"][0]["manifest"][0]["origin"] == "convention"
