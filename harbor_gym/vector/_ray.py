@@ -38,10 +38,10 @@ def _ray():
 
 
 class RemoteEnvError(Exception):
-    """A sub-env's call raised inside its actor; the message names the remote error's type and text."""
+    """A sub-env's call raised inside its actor: ``type_name`` is the remote error's class, the message its text."""
 
     def __init__(self, type_name: str, message: str, retryable: bool) -> None:
-        super().__init__(f"{type_name}: {message}")
+        super().__init__(message)
         self.type_name = type_name
         self.retryable = retryable
 

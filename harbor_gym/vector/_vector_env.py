@@ -317,9 +317,10 @@ class HarborVectorEnv(VectorEnv):
         return obs, float(reward), bool(term), bool(trunc), info
 
     def _fault(self, i: int, exc: BaseException, stage: str) -> dict[str, Any]:
-        cause = f"{type(exc).__name__}: {exc}"
+        kind = getattr(exc, "type_name", None) or type(exc).__name__  # a remote error names its own type
+        cause = f"{kind}: {exc}"
         log.warning("sub-env %d: %s failed: %s", i, stage, cause, exc_info=not isinstance(exc, HarborGymError))
-        info = {"error": cause, "error_type": type(exc).__name__, "error_stage": stage,
+        info = {"error": cause, "error_type": kind, "error_stage": stage,
                 "retryable": bool(getattr(exc, "retryable", True))}
         self._broken[i] = cause
         self._broken_info[i] = info

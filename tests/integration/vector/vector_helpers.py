@@ -1,0 +1,39 @@
+"""Scripts for the vector-env tests: the reference solutions of envs/ and a seeded random-script policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from harbor_gym.task import load_task
+
+from conftest import ENVS
+
+
+def solutions(example: str, root: Path = ENVS) -> dict[str, str]:
+    """step name -> the script the oracle would run for it (the step's solve.sh, else the task's; ORACLE-1)."""
+    task = load_task(root / example)
+    out = {}
+    for step in task.steps:
+        folder = step.solution_dir if step.solution_dir is not None else task.path / "solution"
+        out[step.name] = (folder / "solve.sh").read_text()
+    return out
+
+
+class RandomScriptPolicy:
+    """Per sub-env, a seeded choice between the step's reference script (p=0.7) and a no-op ``:``.
+
+    Only plain ``str`` actions leave the driver, so the same seeds give the same actions wherever the envs live.
+    """
+
+    def __init__(self, num_envs: int, seed: int, scripts: dict[str, dict[str, str]]) -> None:
+        self.rngs = [np.random.default_rng(seed + i) for i in range(num_envs)]
+        self.scripts = scripts
+
+    def __call__(self, obs: dict) -> list[str]:
+        actions = []
+        for i, rng in enumerate(self.rngs):
+            correct = self.scripts[obs["task_id"][i]].get(obs["step_name"][i], ":")
+            actions.append(correct if rng.random() < 0.7 else ":")
+        return actions
