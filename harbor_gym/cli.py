@@ -1,4 +1,4 @@
-"""The ``harbor-gym`` command line: run, check, validate, images, gc.
+"""The ``harbor-gym`` command line: run, prewarm, check, validate, images, gc.
 
 Exit codes, for every command: 0 all good; 1 something checked failed; 2 bad usage or input that cannot be read
 (a path that is neither a task folder nor a folder of task folders, an unreadable settings file); 130 interrupted
@@ -160,6 +160,36 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return status
 
 
+def _cmd_prewarm(args: argparse.Namespace) -> int:
+    """Fill a warm pool of --size sandboxes for every task under PATH (images resolved or built and cached), print
+    the time each took, then remove them (a pool lives in its process; see harbor_gym.vector.prewarm)."""
+    from harbor_gym.config import EnvConfig
+    from harbor_gym.errors import TaskLoadError
+    from harbor_gym.sandbox.pool import close_pools
+    from harbor_gym.vector import prewarm
+
+    if args.size < 1:
+        raise UsageError(f"--size must be >= 1, got {args.size}")
+    path = Path(args.path)
+    if not path.is_dir():
+        raise UsageError(f"{args.path}: not a task folder or a folder of task folders")
+    config = EnvConfig(backend=args.backend, labels=_parse_labels(args.label))
+    try:
+        results = prewarm(path, size=args.size, config=config, timeout_s=args.timeout)
+    except TaskLoadError as exc:
+        raise UsageError(str(exc)) from exc
+    finally:
+        close_pools()
+    for r in results:
+        if r.skipped:
+            _out.print(f"SKIP {r.task_id}: {r.error}")
+        elif r.ok:
+            _out.print(f"[green]WARM[/green] {r.task_id}: {r.ready}/{r.size} sandboxes ready in {r.seconds:.1f}s")
+        else:
+            _out.print(f"[red]FAIL[/red] {r.task_id}: {r.ready}/{r.size} ready" + (f": {r.error}" if r.error else ""))
+    return EXIT_OK if results and all(r.ok for r in results) else EXIT_FAILED
+
+
 def _parse_labels(items: Sequence[str]) -> dict[str, str]:
     labels: dict[str, str] = {}
     for item in items:
@@ -186,9 +216,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     for task_id, error in targets.failures.items():
         _err.print(f"harbor-gym run: task {task_id} failed to load, skipped: {error}")
+    from harbor_gym.sandbox.pool import close_pools, pool_factory
+
+    if args.pool_size < 0:
+        raise UsageError(f"--pool-size must be >= 0, got {args.pool_size}")
+    # Sandboxes through the warm pools (harbor_gym.sandbox.pool): --pool-size N started ahead per spec; the
+    # teardown of an ended episode's sandbox always runs in the background.
     options = RunOptions(agent=agent, out=out, rollouts_per_task=args.rollouts_per_task,
-                         concurrency=args.concurrency, retries=args.retries, seed=args.seed, config=config)
-    report = run_rollouts(targets, options, RichProgress(_err))
+                         concurrency=args.concurrency, retries=args.retries, seed=args.seed, config=config,
+                         sandbox_factory=pool_factory(config, size=args.pool_size))
+    try:
+        report = run_rollouts(targets, options, RichProgress(_err))
+    finally:
+        close_pools()
     _out.print(summary_table(report.summaries, report.load_failures))
     _out.print(f"results: {out / 'rollouts.jsonl'} ({report.graded} graded this run), "
                f"{out / 'rollouts_failures.jsonl'} ({report.failed} failed this run), per-turn logs in {out / 'logs'}")
@@ -227,7 +267,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, metavar="S", help="base seed of the per-episode seeds")
     run.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                      help="extra label on every container (repeatable)")
+    run.add_argument("--pool-size", type=int, default=0, metavar="N",
+                     help="warm sandboxes kept per sandbox spec (e.g. C); 0: each reset starts its own (default)")
     run.set_defaults(func=_cmd_run)
+
+    prewarm = sub.add_parser("prewarm", help="fill warm sandbox pools for every task (images built and cached)")
+    prewarm.add_argument("path", metavar="PATH", help="a task folder or a folder of task folders")
+    prewarm.add_argument("--size", type=int, default=2, metavar="N", help="sandboxes per pool (default 2)")
+    prewarm.add_argument("--backend", choices=["auto", "docker", "local"], default="auto")
+    prewarm.add_argument("--timeout", type=float, default=600.0, metavar="S", help="bound of each pool's fill")
+    prewarm.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                         help="extra label on every container (repeatable)")
+    prewarm.set_defaults(func=_cmd_prewarm)
 
     check = sub.add_parser("check", help="load task folders and print each problem")
     check.add_argument("paths", nargs="+", metavar="PATH", help="a task folder or a folder of task folders")
