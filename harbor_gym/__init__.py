@@ -15,8 +15,11 @@ from harbor_gym.errors import (
     TaskLoadError,
 )
 
+from harbor_gym.agents import AgentOutcome, Oracle, Turn
 from harbor_gym.env import HarborDatasetEnv, HarborEnv
+from harbor_gym.episode import EpisodeResult, TurnRecord, ValidationReport, validate
 from harbor_gym.registration import make, register_envs
+from harbor_gym.task import Dataset, Task, load_dataset, load_task
 
 __version__ = "0.1.0"
 
@@ -27,6 +30,17 @@ __all__ = [
     "HarborDatasetEnv",
     "make",
     "register_envs",
+    "validate",
+    "ValidationReport",
+    "load_task",
+    "load_dataset",
+    "Task",
+    "Dataset",
+    "Oracle",
+    "Turn",
+    "AgentOutcome",
+    "TurnRecord",
+    "EpisodeResult",
     "EnvConfig",
     "HarborGymError",
     "ConfigError",
