@@ -37,6 +37,18 @@ def _as_task(task_or_path: Any):
     return load_task(Path(task_or_path))
 
 
+def _exactly_one(given: Any, path: Any, owner: str, name: str) -> Any:
+    """The source an env was given: ``given`` (positional) or ``path`` (keyword, as the registered ids pass it)."""
+    if (given is None) == (path is None):
+        raise ConfigError(f"give exactly one of {name} and path", field=owner)
+    return given if given is not None else path
+
+
+def _check_render_mode(render_mode: str | None, allowed: list[str]) -> None:
+    if render_mode not in (None, *allowed):
+        raise ConfigError(f"render_mode must be None or one of {allowed}, got {render_mode!r}", field="render_mode")
+
+
 def _check_turn_bound(task) -> None:
     if len(task.steps) > MAX_TURNS:
         raise TaskLoadError(
@@ -74,11 +86,9 @@ class HarborEnv(gym.Env[dict, Any]):
         sandbox_factory: Callable | None = None,
         path: str | Path | None = None,
     ) -> None:
-        if (task_or_path is None) == (path is None):
-            raise ConfigError("give exactly one of task_or_path and path", field="HarborEnv")
-        if render_mode not in (None, *self.metadata["render_modes"]):
-            raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}", field="render_mode")
-        self.task = _as_task(task_or_path if task_or_path is not None else path)
+        source = _exactly_one(task_or_path, path, "HarborEnv", "task_or_path")
+        _check_render_mode(render_mode, self.metadata["render_modes"])
+        self.task = _as_task(source)
         _check_turn_bound(self.task)
         self._init_common(config, agent, render_mode, sandbox_factory, with_task_id=False)
 
@@ -251,11 +261,8 @@ class HarborDatasetEnv(HarborEnv):
     ) -> None:
         from harbor_gym.task import Dataset, load_dataset
 
-        if (dataset_or_path is None) == (path is None):
-            raise ConfigError("give exactly one of dataset_or_path and path", field="HarborDatasetEnv")
-        source = dataset_or_path if dataset_or_path is not None else path
-        if render_mode not in (None, *self.metadata["render_modes"]):
-            raise ConfigError(f"render_mode must be None or 'ansi', got {render_mode!r}", field="render_mode")
+        source = _exactly_one(dataset_or_path, path, "HarborDatasetEnv", "dataset_or_path")
+        _check_render_mode(render_mode, self.metadata["render_modes"])
         self.dataset = source if isinstance(source, Dataset) else load_dataset(Path(source))
         self.failures = dict(self.dataset.failures)
         if not self.dataset.tasks:
