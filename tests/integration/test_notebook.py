@@ -54,10 +54,10 @@ def test_quickstart_notebook_runs_and_its_policy_learns(monkeypatch, docker_clie
     try:
         client.execute()  # raises CellExecutionError naming the failing cell
     finally:
-        left = docker_client.containers.list(all=True, filters={"label": "=".join(LABEL)})
+        left = docker_client.api.containers(all=True, filters={"label": "=".join(LABEL)})
         for c in left:
-            c.remove(force=True)
-    assert left == [], f"containers left behind: {[c.name for c in left]}"
+            docker_client.api.remove_container(c["Id"], force=True)
+    assert left == [], f"containers left behind: {[c['Names'] for c in left]}"
     last = [c for c in nb.cells if c.cell_type == "code"][-1]
     text = "".join(o.get("text", "") for o in last.outputs if o.get("name") == "stdout")
     summary = json.loads(text.strip().splitlines()[-1])

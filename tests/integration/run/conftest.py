@@ -26,5 +26,5 @@ def no_leaks(docker_client):
     yield
     left = labelled(docker_client)
     for c in left:
-        c.remove(force=True)
-    assert left == [], f"containers left behind: {[c.name for c in left]}"
+        docker_client.api.remove_container(c["Id"], force=True)
+    assert left == [], f"containers left behind: {[c['Names'] for c in left]}"

@@ -29,5 +29,8 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def labelled(docker_client) -> list:
-    return docker_client.containers.list(all=True, filters={"label": "=".join(LABEL)})
+def labelled(docker_client) -> list[dict]:
+    """This test process's containers (all states), as the engine's list entries (``Id``, ``Names``, ``State``).
+
+    One list call (the low-level API): a container removed meanwhile cannot make it fail."""
+    return docker_client.api.containers(all=True, filters={"label": "=".join(LABEL)})

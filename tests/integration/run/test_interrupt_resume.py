@@ -45,7 +45,7 @@ def test_sigint_removes_sandboxes_keeps_finished_rows_and_rerun_resumes(tmp_path
                             cwd=REPO)
     try:
         _wait_for(lambda: len(read_rows(out / "rollouts.jsonl")) == 2, 120, "cake's two rollouts")
-        _wait_for(lambda: len([c for c in labelled(docker_client) if c.status == "running"]) == 2, 60,
+        _wait_for(lambda: len([c for c in labelled(docker_client) if c["State"] == "running"]) == 2, 60,
                   "two gated-counter sandboxes running")
         time.sleep(1.0)  # both are inside `sleep 300`
         proc.send_signal(signal.SIGINT)
