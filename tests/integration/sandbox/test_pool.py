@@ -10,13 +10,21 @@ import pytest
 
 from harbor_gym import HarborEnv
 from harbor_gym.errors import SandboxError
-from harbor_gym.sandbox import MANAGED_LABEL, RUN_LABEL, SandboxSpec, lease as leases
+from harbor_gym.config import host_settings
+from harbor_gym.sandbox import MANAGED_LABEL, RUN_LABEL, SandboxSettings, SandboxSpec, lease as leases
 from harbor_gym.sandbox.docker_backend import TTL_LABEL
 from harbor_gym.sandbox.pool import PooledSandbox, SandboxPool, close_pools, get_pool, pool_factory, pools
 
-from conftest import BASE_IMAGE, SEEN_RUNS, base_settings
-
 pytestmark = pytest.mark.docker
+
+BASE_IMAGE = "harbor-gym/base:bookworm"
+
+
+def base_settings(**changes) -> SandboxSettings:
+    """Host aliases, pull policy never, a short lease TTL (no import of a conftest: names collide across folders)."""
+    hs = host_settings()
+    return SandboxSettings(pull_policy="never", image_aliases=dict(hs.image_aliases),
+                           rootfs_aliases=dict(hs.rootfs_aliases), lease_ttl_s=30.0, **changes)
 
 #: Unique to this test process: the leak checks count only these containers.
 LABEL = ("io.harbor-gym.test-pool", uuid.uuid4().hex[:12])
@@ -41,7 +49,6 @@ def wait_until(predicate, timeout: float = 30.0) -> bool:
 @pytest.fixture
 def pool():
     p = SandboxPool(SPEC, backend="docker", settings=SETTINGS, size=2)
-    SEEN_RUNS.add(leases.process_lease().run_id)
     yield p
     p.close()
 

@@ -17,8 +17,7 @@ from harbor_gym import HarborEnv, ResetNeededError
 from harbor_gym.errors import SandboxError
 from harbor_gym.vector import HarborVectorEnv
 
-from conftest import DOCKER, ENVS, labelled
-from vector_helpers import RandomScriptPolicy, solutions
+from vector_helpers import DOCKER, ENVS, RandomScriptPolicy, labelled, solutions
 
 pytestmark = pytest.mark.docker
 

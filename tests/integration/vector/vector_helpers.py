@@ -1,14 +1,24 @@
-"""Scripts for the vector-env tests: the reference solutions of envs/ and a seeded random-script policy."""
+"""Constants and scripts for the vector-env tests (label, config, leak listing), the reference solutions of envs/ and a seeded random-script policy."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import numpy as np
 
 from harbor_gym.task import load_task
 
-from conftest import ENVS
+REPO = Path(__file__).resolve().parents[3]
+ENVS = REPO / "envs"
+#: Unique to this test process, so that leak checks see only this run's containers.
+TEST_LABEL = ("io.harbor-gym.test-vector", uuid.uuid4().hex[:12])
+DOCKER = {"backend": "docker", "labels": dict([TEST_LABEL]), "seed_retries": 0}
+
+
+def labelled(client) -> list[str]:
+    """Names of this process's containers (raw listing: no inspect racing a background teardown)."""
+    return [c["Names"][0].lstrip("/") for c in client.api.containers(all=True, filters={"label": "=".join(TEST_LABEL)})]
 
 
 def solutions(example: str, root: Path = ENVS) -> dict[str, str]:
