@@ -161,13 +161,14 @@ class _Runner:
         from harbor_gym.env import HarborEnv
 
         key = dict(task_id=task.id, rollout=rollout, seed=seed, agent=self.opts.agent.label, attempt=attempt)
-        agent = self.opts.agent.new()
-        config = self.opts.config.replace(logs_root=str(logs_root))
-        env = HarborEnv(task, config=config, agent=agent.announced, sandbox_factory=self.opts.sandbox_factory)
-        with self._lock:
-            self._active[id(env)] = env
+        env = None
         t0 = time.monotonic()
         try:
+            agent = self.opts.agent.new()
+            config = self.opts.config.replace(logs_root=str(logs_root))
+            env = HarborEnv(task, config=config, agent=agent.announced, sandbox_factory=self.opts.sandbox_factory)
+            with self._lock:
+                self._active[id(env)] = env
             if self.stop.is_set():
                 return None
             try:
@@ -195,9 +196,10 @@ class _Runner:
             return FailureRow(**key, reason=f"{type(exc).__name__}: {exc}", failure_kind=ENV_ERROR,
                               retryable=retryable, duration_sec=round(time.monotonic() - t0, 3))
         finally:
-            with self._lock:
-                self._active.pop(id(env), None)
-            env.close()
+            if env is not None:
+                with self._lock:
+                    self._active.pop(id(env), None)
+                env.close()
 
     # --- the run -----------------------------------------------------------------------------------------
     def _write_load_failures(self) -> None:
