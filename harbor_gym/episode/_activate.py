@@ -1,0 +1,113 @@
+"""The agent activation of a turn (TURN-9/10, GYM-4/5, BUD-1, ORACLE-2)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import traceback
+from typing import Any
+
+from harbor_gym.agents import AgentOutcome, AgentStatus, Oracle, ScriptAgent, Turn, agent_timeout_cap
+from harbor_gym.agents._oracle import ORACLE_LOG, ORACLE_RUN
+from harbor_gym.episode._budgets import agent_budget
+from harbor_gym.episode._shell import parse, q
+from harbor_gym.episode._turnstate import WORKDIR_FAILED, _Turn
+from harbor_gym.errors import SandboxError
+from harbor_gym.task import Step
+
+__all__: list[str] = []
+
+_log = logging.getLogger("harbor_gym.episode")
+
+
+class _ActivatePhase:
+    """Mixin of `Episode`: builds the `Turn`, runs the agent under its budget and records its outcome."""
+
+    # --- the agent (TURN-9/10, GYM-4/5, BUD-1) -------------------------------------------------------------
+    def _agent_budget(self, step: Step) -> float | None:
+        return agent_budget(step.agent_timeout_sec, None, self._multiplier, agent_timeout_cap(self.agent))
+
+    def _activate(self, t: _Turn) -> AgentOutcome:
+        sb, step = self._sandbox, t.step
+        budget = agent_budget(step.agent_timeout_sec, None, self._multiplier, agent_timeout_cap(t.agent))
+        bounded = self._clock.bound(budget)
+        turn = Turn(step_name=step.name, index=t.index, num_steps=len(self.task.steps), instruction=t.instruction,
+                    user=self._user_in_place, budget_sec=budget, workdir=sb.workdir, _exec_fn=sb.exec,
+                    _deadline=None if bounded is None else time.monotonic() + bounded,
+                    solution_env=self._solution_env if isinstance(t.agent, Oracle) else {})
+        if t.prelude is not None:
+            outcome = self._run_folded_oracle(t, turn)
+            if outcome is None:
+                return None
+        elif isinstance(t.agent, (ScriptAgent, Oracle)):
+            outcome = self._call_agent(t.agent, turn)
+        else:
+            outcome = self._call_in_thread(t.agent, turn, bounded)
+        if outcome.status is AgentStatus.TIMEOUT:
+            self._clock.check()
+        self._response = outcome.response  # STOP-9: the last turn whose agent ran
+        name = "oracle.txt" if isinstance(t.agent, Oracle) else "output.txt"
+        (t.dirs.agent / name).write_text(outcome.output_tail or "")
+        (t.dirs.agent / "outcome.json").write_text(json.dumps({
+            "status": outcome.status.value, "policy": outcome.policy.value if outcome.policy else None,
+            "exit_code": outcome.exit_code, "response": outcome.response}, indent=2))
+        return outcome
+
+    def _run_folded_oracle(self, t: _Turn, turn: Turn) -> AgentOutcome | None:
+        """ORACLE-1/2 with their preparation in one exec (root agent user): the housekeeping prelude, then, if it
+        succeeded, ``/solution/solve.sh`` under the agent budget. ``None``: the prelude failed (TURN-8)."""
+        script = t.prelude
+        script.add('[ -z "$HGFAIL" ] || exit 0')
+        script.add(f"cd {q(turn.workdir)} 2>/dev/null; {ORACLE_RUN}; echo {q(script.marker)} rc $?")
+        script.add(f"printf '%s file oracle.txt 0\\n' {q(script.marker)}; tail -c 4096 {ORACLE_LOG} 2>/dev/null; "
+                   f"printf '\\n%s end\\n' {q(script.marker)}")
+        env = {**turn.solution_env, "DEBIAN_FRONTEND": "noninteractive"}
+        res = turn.exec(["sh", "-c", script.text()], env=env, stdin=t.prelude_stdin)
+        flags = parse(res.stdout, script.marker)
+        if flags.has("outage"):
+            raise SandboxError(f"housekeeping failed ({' '.join(flags.first('outage'))})", field=t.step.name,
+                               rule="TURN-8", retryable=True)
+        if flags.has("workdir_failed"):
+            t.prep_kind = WORKDIR_FAILED
+            return None
+        rc = flags.first("rc")
+        tail = flags.files.get("oracle.txt", (0, ""))[1]
+        if res.timed_out or rc is None:
+            return AgentOutcome(status=AgentStatus.TIMEOUT, output_tail=tail or res.stderr[-4096:])
+        return AgentOutcome(status=AgentStatus.COMPLETED, exit_code=int(rc[0]), output_tail=tail)
+
+    def _call_agent(self, agent: Any, turn: Turn) -> AgentOutcome:
+        try:
+            outcome = agent.run(turn)
+        except SandboxError:
+            if self._sandbox is None or not self._sandbox.is_alive():
+                raise
+            return AgentOutcome(status=AgentStatus.ERROR, output_tail=traceback.format_exc()[-4096:])
+        except Exception:  # an agent's own defect is its error outcome (GYM-5), not the engine's
+            return AgentOutcome(status=AgentStatus.ERROR, output_tail=traceback.format_exc()[-4096:])
+        if not isinstance(outcome, AgentOutcome):
+            return AgentOutcome(status=AgentStatus.ERROR,
+                                output_tail=f"run() returned {type(outcome).__name__}, not AgentOutcome (GYM-5)")
+        return outcome
+
+    def _call_in_thread(self, agent: Any, turn: Turn, bounded: float | None) -> AgentOutcome:
+        """GYM-5: a ``run()`` still busy at the end of its budget is stopped (its execs end) and is a timeout."""
+        box: list[Any] = []
+
+        def work() -> None:
+            try:
+                box.append(self._call_agent(agent, turn))
+            except BaseException as exc:  # an outage inside the agent: handed to the engine's thread
+                box.append(exc)
+
+        worker = threading.Thread(target=work, daemon=True, name=f"harbor-gym-agent-{turn.step_name}")
+        worker.start()
+        worker.join(None if bounded is None else bounded + 0.5)
+        if worker.is_alive():
+            turn.expire()
+            return AgentOutcome(status=AgentStatus.TIMEOUT, output_tail="harbor_gym: run() overran its budget")
+        if box and isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0] if box else AgentOutcome(status=AgentStatus.ERROR)

@@ -1,0 +1,75 @@
+"""Working state of one turn (`_Turn`, `_timed`), the TURN-8 failure kinds and the engine's exec bounds.
+
+Shared by the phase modules of the turn engine (`_seed`, `_prepare`, `_activate`, `_collect`, `_verify`)
+and `_engine`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from harbor_gym.agents import AgentOutcome
+from harbor_gym.episode._logs import TurnDirs
+from harbor_gym.episode._records import ManifestEntry
+from harbor_gym.episode._rewards import RewardReading
+from harbor_gym.episode._shell import Script
+from harbor_gym.task import Step
+
+__all__ = ["SETUP_FAILED", "WORKDIR_FAILED", "HEALTHCHECK_FAILED", "ENGINE_ERROR_KIND"]
+
+SETUP_FAILED = "harbor:step_setup_failed"
+WORKDIR_FAILED = "harbor:step_workdir_failed"
+HEALTHCHECK_FAILED = "harbor:step_healthcheck_failed"
+#: A defect inside the engine itself during a turn (recorded like an outage: truncated, retryable).
+ENGINE_ERROR_KIND = "harbor_gym:engine_error"
+
+#: Bound of the engine's own housekeeping execs (clean-up, staging); the deadline may cut it shorter.
+_HOUSEKEEPING_S = 120.0
+#: Bytes of each reward file and of test-stdout.txt read back inline (a longer test-stdout.txt is copied).
+_INLINE_CAP = 65536
+_REWARD_CAP = 262144
+_VERIFIER_TOOLS = ("bash", "timeout", "tar", "gzip", "find")
+
+
+def _is_root(user: str | None) -> bool:
+    return user is None or user.split(":")[0] in ("root", "0")
+
+
+@dataclass
+class _Turn:
+    """Mutable working state of one turn (internal)."""
+
+    step: Step
+    index: int
+    dirs: TurnDirs
+    instruction: str
+    mode: str
+    agent: Any
+    timings: dict[str, float] = field(default_factory=dict)
+    outcome: AgentOutcome | None = None
+    manifest: tuple[ManifestEntry, ...] = ()
+    reading: RewardReading | None = None
+    verified: bool = False
+    verifier_timed_out: bool = False
+    masked: bool = False
+    mask_reason: str | None = None
+    prep_kind: str | None = None
+    engine_error: bool = False
+    prelude: Script | None = None
+    prelude_stdin: bytes | None = None
+    art_snapshot: bool = False
+
+
+class _timed:
+    """Context manager adding the block's duration to ``t.timings[name]``."""
+
+    def __init__(self, t: _Turn, name: str) -> None:
+        self.t, self.name = t, name
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.t.timings[self.name] = self.t.timings.get(self.name, 0.0) + time.monotonic() - self.start
