@@ -16,6 +16,7 @@ pytestmark = pytest.mark.docker
 ORACLE_TURNS = {
     "cake": ["01-select-cake-base", "02-select-frosting"],
     "gated-counter": ["01-create", "02-increment", "03-double"],
+    "kv-sidecar": ["01-store", "02-combine"],
     "notes-pipeline": ["01-gather", "02-count-todos", "03-todo-list"],
     "service-check": ["01-read-status", "02-publish-report"],
 }
