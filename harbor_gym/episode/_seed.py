@@ -74,17 +74,27 @@ class _SeedPhase:
 
     def _seed_with_retries(self, spec: SandboxSpec) -> None:
         attempts = self.config.seed_retries + 1
-        last: SandboxError | None = None
+        last: HarborGymError | None = None
         for attempt in range(attempts):
             try:
                 self._seed_once(spec)
                 return
             except SandboxUnavailableError as exc:
                 self._stop_sandboxes()
+                if exc.retryable:  # the engine does not answer: an outage, retried (GYM-2), never a refusal
+                    last = exc
+                    _log.warning("no engine answers while seeding %s (attempt %d/%d): %s", self.task.id,
+                                 attempt + 1, attempts, exc)
+                    continue
                 raise SeedRefusedError(f"no provider here can run this task: {exc}", path=self.task.path,
                                        field="environment", rule="LOAD-24") from exc
             except ImageError as exc:
                 self._stop_sandboxes()
+                if exc.retryable:  # the engine failed while resolving the image: an outage (GYM-2)
+                    last = exc
+                    _log.warning("image outage while seeding %s (attempt %d/%d): %s", self.task.id, attempt + 1,
+                                 attempts, exc)
+                    continue
                 raise SeedError(f"the task's image cannot be had: {exc}", path=self.task.path, field="environment",
                                 rule="GYM-2", retryable=False) from exc
             except SandboxError as exc:

@@ -90,6 +90,11 @@ class _VerifyPhase:
         if t.art_snapshot:
             prep.add(f"rm -rf {STAGE_DIR}/art; if [ -n \"$(ls -A /logs/artifacts 2>/dev/null)\" ]; then "
                      f"cp -a /logs/artifacts {STAGE_DIR}/art && {prep.note('art')}; fi")
+        # P1: whatever an agent put in place of these folders (a symlink to planted reward files, a plain file)
+        # is removed first, so the verifier writes, and the engine reads, only fresh folders (VER-6).
+        guarded = "/logs /logs/verifier /logs/agent" + (" /tests" if upload_tests else "")
+        prep.add(f"for d in {guarded}; do if [ -L \"$d\" ] || {{ [ -e \"$d\" ] && [ ! -d \"$d\" ]; }}; then "
+                 "rm -rf \"$d\"; fi; done")
         prep.add("find /logs/verifier -mindepth 1 -maxdepth 1 -exec rm -rf {} + 2>/dev/null; "
                  + ("" if upload_tests else ": ") + "find /tests -mindepth 1 -maxdepth 1 -exec rm -rf {} + 2>/dev/null; "
                  "mkdir -p /tests /logs/verifier /logs/agent; chmod 0777 /logs/verifier; "

@@ -97,6 +97,10 @@ def _inspect(client: "docker.DockerClient", ref: str) -> ImageInfo | None:
         return None
     except docker.errors.DockerException as exc:
         raise ImageError(f"cannot inspect image {ref}: {exc}", field="image", retryable=True) from exc
+    except Exception as exc:  # transport: the engine does not answer (SandboxUnavailableError, retryable)
+        from harbor_gym.sandbox._engine import translate_error
+
+        translate_error(exc, what=f"inspect image {ref}")
     info = _info_from_attrs(ref, attrs)
     with _cache_lock:
         _info_cache[key] = info
