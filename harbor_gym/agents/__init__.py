@@ -10,9 +10,11 @@ from harbor_gym.agents._protocol import (
     agent_identity,
     agent_timeout_cap,
     is_agent,
+    is_harness_session,
     supports_continue,
 )
 from harbor_gym.agents._script import ScriptAgent
+from harbor_gym.agents._session import Session
 from harbor_gym.agents._turn import Turn
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "HarnessSession",
     "Oracle",
     "ScriptAgent",
+    "Session",
     "Turn",
     "ATIF_VERSION",
     "TrajectoryError",
@@ -31,6 +34,7 @@ __all__ = [
     "agent_identity",
     "agent_timeout_cap",
     "is_agent",
+    "is_harness_session",
     "supports_continue",
     "as_agent",
 ]
@@ -40,11 +44,12 @@ def as_agent(action: object) -> Agent:
     """GYM-4: the agent an action stands for (a ``str`` becomes a `ScriptAgent`).
 
     Raises:
-        TypeError: ``action`` is neither a ``str`` nor an object with a callable ``run``.
+        TypeError: ``action`` is neither a ``str`` nor an object with a callable ``run`` nor a `HarnessSession`
+            (``start``/``continue_turn``/``close``, SES-3).
     """
     if isinstance(action, str):
         return ScriptAgent(action)
     if is_agent(action):
         return action  # type: ignore[return-value]
-    raise TypeError(f"an action must be a str, Oracle() or an object with run(turn); got {type(action).__name__} "
-                    "(GYM-4)")
+    raise TypeError("an action must be a str, Oracle(), an object with run(turn) or a HarnessSession; got "
+                    f"{type(action).__name__} (GYM-4)")

@@ -8,7 +8,8 @@ if TYPE_CHECKING:
     from harbor_gym.agents._outcome import AgentOutcome
     from harbor_gym.agents._turn import Turn
 
-__all__ = ["Agent", "HarnessSession", "is_agent", "supports_continue", "agent_timeout_cap", "agent_identity"]
+__all__ = ["Agent", "HarnessSession", "is_agent", "is_harness_session", "supports_continue", "agent_timeout_cap",
+           "agent_identity"]
 
 
 @runtime_checkable
@@ -27,7 +28,11 @@ class HarnessSession(Protocol):
     """SES-3: one conversation kept across the turns of a continued episode.
 
     ``start`` runs the first activation, ``continue_turn`` each later one (the conversation, kept on disk inside the
-    sandbox, goes on), ``close`` ends it after the last activation and before its verifier.
+    sandbox, goes on), ``close`` ends it after the last activation and before its verifier. An object implementing
+    all three is driven by them in both modes (it needs no ``run``): under ``turn_sessions = "continue"``
+    ``start`` once, ``continue_turn`` on every later turn and ``close`` exactly once, after the last activation
+    and before its verifier, or when the episode stops early or is closed; under ``"fresh"`` (SES-2) ``start``
+    then ``close`` around every turn's activation. ``close`` is only called for a session that was started.
     """
 
     def start(self, turn: "Turn") -> "AgentOutcome": ...
@@ -38,8 +43,14 @@ class HarnessSession(Protocol):
 
 
 def is_agent(obj: Any) -> bool:
-    """True iff ``obj`` can act as an agent: it has a callable ``run``."""
-    return callable(getattr(obj, "run", None))
+    """True iff ``obj`` can act as an agent: it has a callable ``run`` or implements `HarnessSession`."""
+    return callable(getattr(obj, "run", None)) or is_harness_session(obj)
+
+
+def is_harness_session(obj: Any) -> bool:
+    """SES-3: True iff ``obj`` has callable ``start``, ``continue_turn`` and ``close`` (the `HarnessSession`
+    protocol); such an agent is driven by them instead of ``run``."""
+    return all(callable(getattr(obj, name, None)) for name in ("start", "continue_turn", "close"))
 
 
 def supports_continue(obj: Any) -> bool:

@@ -27,7 +27,8 @@ class Turn:
         user: the step's agent user (USR-1); ``None``: the image's default user.
         budget_sec: the turn's agent budget (BUD-1); ``None``: unbounded.
         workdir: the working folder of every command.
-        session: the harness session of a continued episode (SES-3), else ``None``.
+        session: the `Session` this activation belongs to: a new one per turn (SES-2, ``fresh``) or the
+            episode's one continued session (SES-3); ``None`` only for a `Turn` built outside the engine.
         solution_env: ``[solution].env`` (FMT-15 applied) for the oracle (ORACLE-2); secrets: never logged.
         env: variables every command of this turn gets (e.g. ``HARBOR_STEP_NAME``).
     """

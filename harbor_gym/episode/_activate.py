@@ -36,7 +36,8 @@ class _ActivatePhase:
         turn = Turn(step_name=step.name, index=t.index, num_steps=len(self.task.steps), instruction=t.instruction,
                     user=self._user_in_place, budget_sec=budget, workdir=sb.workdir, _exec_fn=sb.exec,
                     _deadline=None if bounded is None else time.monotonic() + bounded,
-                    solution_env=self._solution_env if isinstance(t.agent, Oracle) else {})
+                    solution_env=self._solution_env if isinstance(t.agent, Oracle) else {},
+                    session=self._sessions.session_for_activation(t.agent))
         if t.prelude is not None:
             outcome = self._run_folded_oracle(t, turn)
             if outcome is None:
@@ -45,9 +46,11 @@ class _ActivatePhase:
             outcome = self._call_agent(t.agent, turn)
         else:
             outcome = self._call_in_thread(t.agent, turn, bounded)
+        self._response = outcome.response  # STOP-9: the last turn whose agent ran (SES-3: the last activation)
+        # SES-2/3: the session records the activation and, after its last one, closes before the verifier.
+        self._sessions.after_activation(turn, outcome, is_last_step=t.index == len(self.task.steps) - 1)
         if outcome.status is AgentStatus.TIMEOUT:
             self._clock.check()
-        self._response = outcome.response  # STOP-9: the last turn whose agent ran
         name = "oracle.txt" if isinstance(t.agent, Oracle) else "output.txt"
         (t.dirs.agent / name).write_text(outcome.output_tail or "")
         (t.dirs.agent / "outcome.json").write_text(json.dumps({
@@ -80,7 +83,7 @@ class _ActivatePhase:
 
     def _call_agent(self, agent: Any, turn: Turn) -> AgentOutcome:
         try:
-            outcome = agent.run(turn)
+            outcome = self._sessions.invoke(agent, turn)  # run(), or start()/continue_turn() (SES-3)
         except SandboxError:
             if self._sandbox is None or not self._sandbox.is_alive():
                 raise
@@ -89,7 +92,7 @@ class _ActivatePhase:
             return AgentOutcome(status=AgentStatus.ERROR, output_tail=traceback.format_exc()[-4096:])
         if not isinstance(outcome, AgentOutcome):
             return AgentOutcome(status=AgentStatus.ERROR,
-                                output_tail=f"run() returned {type(outcome).__name__}, not AgentOutcome (GYM-5)")
+                                output_tail=f"the agent returned {type(outcome).__name__}, not AgentOutcome (GYM-5)")
         return outcome
 
     def _call_in_thread(self, agent: Any, turn: Turn, bounded: float | None) -> AgentOutcome:

@@ -18,7 +18,8 @@ import traceback
 from typing import Any, Callable
 
 from harbor_gym.agents import as_agent
-from harbor_gym.config import AgentOutcomePolicy, EnvConfig, Semantics, TurnSessions
+from harbor_gym.agents import Session
+from harbor_gym.config import AgentOutcomePolicy, EnvConfig, Semantics
 from harbor_gym.episode._activate import _ActivatePhase
 from harbor_gym.episode._clock import DeadlineClock, DeadlinePassed
 from harbor_gym.episode._collect import _CollectPhase
@@ -29,6 +30,7 @@ from harbor_gym.episode._records import EpisodeResult, TurnRecord, TurnResult
 from harbor_gym.episode._rewards import turn_reward
 from harbor_gym.episode._rollup import ScoreKind, TurnScore, episode_verifier_mode, roll_up
 from harbor_gym.episode._seed import _SeedPhase
+from harbor_gym.episode._session import SessionDriver
 from harbor_gym.episode._spec import agent_spec, resolved_env, seed_refusals
 from harbor_gym.episode._stop import TurnFault, decide_turn, min_reward_missed
 from harbor_gym.episode._turnstate import (
@@ -40,7 +42,7 @@ from harbor_gym.episode._turnstate import (
     _Turn,
 )
 from harbor_gym.episode._verify import _VerifyPhase
-from harbor_gym.errors import ResetNeededError, SandboxError, SessionMismatchError
+from harbor_gym.errors import ResetNeededError, SandboxError
 from harbor_gym.sandbox.base import ExecResult, Sandbox, SandboxSettings, SandboxSpec
 from harbor_gym.task import Step, Task
 
@@ -113,7 +115,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         self._clock = DeadlineClock(None, wall=self.config.deadline_clock.value == "wall")
         self._env: dict[str, str] = {}
         self._solution_env: dict[str, str] = {}
-        self._session_agent: Any = None
+        self._sessions = SessionDriver(self.config.turn_sessions, agent)
         self._timings: dict[str, float] = {}
         self._agent_spec: SandboxSpec | None = None
         self._group: Any = None
@@ -158,6 +160,18 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
     def sandbox(self) -> Sandbox | None:
         """The agent sandbox while it runs (for inspection; never needed to drive the episode)."""
         return self._sandbox
+
+    @property
+    def session(self) -> Session | None:
+        """The episode's cumulative harness session (SES-3: the one continued session; SES-2: the only fresh one
+        if exactly one ran, else ``None``). Turns hold no session records."""
+        return self._sessions.session
+
+    @property
+    def transcript(self) -> tuple[dict[str, Any], ...]:
+        """The cumulative ATIF steps of ``session`` (SES-2/3); empty when more than one fresh session ran."""
+        session = self.session
+        return tuple(dict(s) for s in session.transcript) if session is not None else ()
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     def __enter__(self) -> "Episode":
@@ -208,7 +222,8 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         Raises:
             ResetNeededError: the episode is not running (not started, over or closed; GYM-7).
             TypeError: ``action`` is not an action (nothing ran).
-            SessionMismatchError: ``turn_sessions='continue'`` and a different agent object (SES-3; nothing ran).
+            SessionMismatchError: (a ``ValueError``) ``turn_sessions='continue'`` and an action that is not the
+                agent object announced at ``start`` (SES-3; nothing ran, the episode goes on).
         """
         if self._state is not EpisodeState.RUNNING:
             raise ResetNeededError(
@@ -216,12 +231,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
                                                         EpisodeState.CREATED else f"; it is {self._state.value}"),
                 field="Episode.run_turn", rule="GYM-7")
         agent = as_agent(action)
-        if self.config.turn_sessions == TurnSessions.CONTINUE:
-            if self._session_agent is None:
-                self._session_agent = action
-            elif action is not self._session_agent:
-                raise SessionMismatchError("turn_sessions='continue' needs the same agent object every turn",
-                                           field="action", rule="SES-3")
+        self._sessions.check(action, index=self.turn_index, step_name=self.task.steps[self.turn_index].name)
         with self._clock.inside():
             return self._run_turn(agent)
 
@@ -232,12 +242,16 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         return self._build_result(graded=True, failure_kind=None, retryable=False, final=False)
 
     def close(self) -> None:
-        """Stop every sandbox of the episode and remove temporary logs. Idempotent; never raises for a dead
-        sandbox (GYM-7, STOP-10)."""
+        """End an open harness session (SES-3: its ``close()``, exactly once, while the sandbox still runs), stop
+        every sandbox of the episode and remove temporary logs. Idempotent; never raises for a dead sandbox (GYM-7,
+        STOP-10)."""
         if self._state is EpisodeState.CLOSED:
             return
         try:
-            self._stop_sandboxes()
+            try:
+                self._sessions.close()
+            finally:
+                self._stop_sandboxes()
         finally:
             if self._logs is not None:
                 self._logs.close()
@@ -359,6 +373,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
                                               retryable=verdict.retryable)
             episode = self._result
             self._state = EpisodeState.OVER
+            self._sessions.close()  # SES-3: an early stop also ends the continued session, before its sandbox
             self._stop_sandboxes()  # STOP-10
             if self._logs is not None and self._logs.kept:
                 (self._logs.root / "result.json").write_text(json.dumps(episode.to_dict(), indent=2))

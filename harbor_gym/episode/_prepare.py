@@ -64,7 +64,8 @@ class _PreparePhase:
         script, builder = Script(), ArchiveBuilder()
         if self._cleanup_pending:
             self._cleanup_fragment(script)
-        if self._harbor and t.index > 0:
+        if self._harbor and t.index > 0 and not self._sessions.continued:
+            # DIFF-6: Harbor empties /logs/agent before a step unless resuming (a continued session, SES-3).
             script.add("find /logs/agent -mindepth 1 -maxdepth 1 -exec rm -rf {} + ; chmod 0777 /logs/agent")
         if user != self._user_in_place and not self._harbor and workdir != "/":
             script.add(f"chown {q(user)} {q(workdir)} || {script.flag('outage', 'user')}")

@@ -32,6 +32,12 @@ def _describe_action(action: Any) -> str:
     return name if isinstance(name, str) and name else type(action).__name__
 
 
+def _text(value: Any) -> str:
+    """A history text entry within the space's bound (the end is kept, as in ``output_tail``)."""
+    text = value if isinstance(value, str) else ""
+    return text if len(text) <= MAX_TEXT_LENGTH else text[-MAX_TEXT_LENGTH:]
+
+
 class ContinueSession(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Run the env with ``turn_sessions="continue"`` and add the earlier turns to each observation.
 
@@ -42,7 +48,11 @@ class ContinueSession(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     The observation gains ``history``: a tuple, one entry per earlier turn of the episode, each with the
     ``instruction`` it received, the ``action`` (a script's text, else the agent's name), the agent's ``output_tail``
-    and the turn's ``reward``.
+    and the turn's ``reward`` (a 0-d ``float64`` array, as its ``Box`` space wants); every observation, ``history``
+    included, is in ``observation_space``. A step refused with ``SessionMismatchError`` adds no entry.
+
+    Raises:
+        ConfigError: ``env`` is not a harbor_gym env (it has no ``config`` with ``replace``).
     """
 
     def __init__(self, env: gym.Env):
@@ -69,9 +79,9 @@ class ContinueSession(gym.Wrapper, gym.utils.RecordConstructorArgs):
         record = info.get("turn")
         self._history.append(
             {
-                "instruction": self._last_instruction,
-                "action": _describe_action(action),
-                "output_tail": (record.output_tail or "") if record is not None else "",
+                "instruction": _text(record.instruction if record is not None else self._last_instruction),
+                "action": _text(_describe_action(action)),
+                "output_tail": _text(record.output_tail if record is not None else ""),
                 "reward": np.array(reward, dtype=np.float64),
             }
         )
@@ -79,4 +89,4 @@ class ContinueSession(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return self._with_history(obs), reward, terminated, truncated, info
 
     def _with_history(self, obs: dict[str, Any]) -> dict[str, Any]:
-        return {**obs, "history": tuple(dict(entry) for entry in self._history)}
+        return {**obs, "history": tuple({**entry, "reward": entry["reward"].copy()} for entry in self._history)}
