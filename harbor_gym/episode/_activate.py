@@ -38,6 +38,8 @@ class _ActivatePhase:
                     _deadline=None if bounded is None else time.monotonic() + bounded,
                     solution_env=self._solution_env if isinstance(t.agent, Oracle) else {},
                     session=self._sessions.session_for_activation(t.agent))
+        if self._agent_procs is not None:  # freeze_agent_during_verify: what is alive before the activation
+            self._agent_procs.before_activation(self._list_processes(sb))
         if t.prelude is not None:
             outcome = self._run_folded_oracle(t, turn)
             if outcome is None:
@@ -46,6 +48,8 @@ class _ActivatePhase:
             outcome = self._call_agent(t.agent, turn)
         else:
             outcome = self._call_in_thread(t.agent, turn, bounded)
+        if self._agent_procs is not None:  # ... and what the activation left behind
+            self._agent_procs.after_activation(self._list_processes(sb))
         self._response = outcome.response  # STOP-9: the last turn whose agent ran (SES-3: the last activation)
         # SES-2/3: the session records the activation and, after its last one, closes before the verifier.
         self._sessions.after_activation(turn, outcome, is_last_step=t.index == len(self.task.steps) - 1)

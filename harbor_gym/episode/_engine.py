@@ -23,6 +23,7 @@ from harbor_gym.config import AgentOutcomePolicy, EnvConfig, Semantics
 from harbor_gym.episode._activate import _ActivatePhase
 from harbor_gym.episode._clock import DeadlineClock, DeadlinePassed
 from harbor_gym.episode._collect import _CollectPhase
+from harbor_gym.episode._freeze import LIST_SCRIPT, AgentProcesses
 from harbor_gym.episode._logs import EpisodeLogs
 from harbor_gym.episode._modes import effective_verifier_mode, render_instruction
 from harbor_gym.episode._prepare import _PreparePhase
@@ -38,6 +39,7 @@ from harbor_gym.episode._turnstate import (
     HEALTHCHECK_FAILED,
     SETUP_FAILED,
     WORKDIR_FAILED,
+    _HOUSEKEEPING_S,
     _timed,
     _Turn,
 )
@@ -119,6 +121,9 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         self._timings: dict[str, float] = {}
         self._agent_spec: SandboxSpec | None = None
         self._group: Any = None
+        #: freeze_agent_during_verify: the agent's leftover processes (None when the option is off).
+        self._agent_procs = AgentProcesses() if self.config.freeze_agent_during_verify else None
+        self._frozen_pending = False
 
     # --- public state ------------------------------------------------------------------------------------
     @property
@@ -258,6 +263,10 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             self._state = EpisodeState.CLOSED
 
     # --- helpers -----------------------------------------------------------------------------------------
+    def _list_processes(self, sb: Sandbox) -> str:
+        """freeze_agent_during_verify: one root exec listing the sandbox's processes (`_freeze.LIST_SCRIPT`)."""
+        return self._exec(sb, LIST_SCRIPT, timeout=_HOUSEKEEPING_S, user="root").stdout
+
     def _exec(self, sb: Sandbox, command: Any, *, timeout: float | None, user: str | None,
               env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None) -> ExecResult:
         """``sb.exec`` bounded by the deadline; a command cut by the deadline raises `DeadlinePassed` (BUD-8)."""
