@@ -71,7 +71,10 @@ def upload_listing(
             entry = current / name
             rel_path = f"{rel}{name}"
             if entry.is_symlink():
-                target = entry.resolve()
+                try:
+                    target = entry.resolve()
+                except (RuntimeError, OSError) as exc:  # Python 3.11 raises RuntimeError on a link loop
+                    raise TaskLoadError("symlink cycle", path=entry, rule="LOAD-13") from exc
                 if not target.exists():
                     raise TaskLoadError("symlink target does not exist", path=entry, rule="LOAD-13")
                 if not (target == boundary or boundary in target.parents):
