@@ -298,11 +298,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (a scheduler, ``kill``, a container stop) takes the Ctrl-C path: sandboxes removed, finished results
+    kept. Python's default for SIGTERM ends the process at once, leaving sandboxes to their lease."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``harbor-gym``; returns the exit code."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     command: Callable[[argparse.Namespace], int] = args.func
+    _sigterm_as_interrupt()
     try:
         return command(args)
     except (UsageError, ConfigError) as exc:
