@@ -194,8 +194,12 @@ class EnvConfig(BaseModel):
     )
     pool_size: int = Field(
         0, ge=0, description="Warm pool bound per sandbox spec (harbor_gym.sandbox.pool): N pristine sandboxes "
-        "started ahead so reset claims one; used by the vector env, `harbor-gym run` and pool_factory. 0: no pool "
-        "(reset starts its own sandbox).",
+        "started and seeded (GYM-2: workdir, environment/ files, [environment].healthcheck) ahead, so that reset "
+        "claims one instead of starting and seeding it. N > 0 alone switches pools on for HarborEnv, Episode, the "
+        "vector env and `harbor-gym run` (the default sandbox factory becomes pool_factory(config)). Pools are "
+        "process-wide: their warm sandboxes run and hold the process lease until close_pools() or interpreter exit "
+        "removes them; an env's close() removes only the sandboxes its episodes used. A handed-out sandbox is never "
+        "reused. 0: no pool (reset starts and seeds its own sandbox).",
     )
 
     @field_validator("prompt_template")

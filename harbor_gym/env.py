@@ -67,8 +67,15 @@ class HarborEnv(gym.Env[dict, Any]):
         config: an `EnvConfig` or a plain ``dict`` of its fields.
         agent: the agent announced for every episode (GYM-4); ``reset(options={"agent": a})`` overrides it.
         render_mode: ``None`` or ``"ansi"``.
-        sandbox_factory: how sandboxes are made (default: ``harbor_gym.sandbox.open`` with ``config.backend``).
+        sandbox_factory: how sandboxes are made (default: ``harbor_gym.sandbox.open`` with ``config.backend``; with
+            ``config.pool_size > 0``, the process's warm pools, see below).
         path: the task folder, as a keyword (the registered id ``harbor_gym/HarborTask-v0`` passes it so).
+
+    Warm pools: with ``config.pool_size = N > 0`` and no ``sandbox_factory``, ``reset`` claims an agent sandbox that a
+    process-wide pool (`harbor_gym.sandbox.pool`) started and seeded ahead (GYM-2), and the pool keeps N more
+    pristine ones per sandbox spec. Those warm sandboxes belong to the pool, not to the env: they run (and hold the
+    process lease) until `harbor_gym.sandbox.pool.close_pools` or interpreter exit removes them. ``close`` removes
+    every sandbox this env's episodes used before it returns.
 
     Raises:
         TaskLoadError: the folder is refused (SPEC §3). No sandbox starts here.
@@ -100,6 +107,7 @@ class HarborEnv(gym.Env[dict, Any]):
         self.action_space = ScriptSpace()
         self._with_task_id = with_task_id
         self._sandbox_factory = sandbox_factory
+        self._own_pool_factory = None  # made at the first reset when config.pool_size > 0 and no factory was given
         self._episode = None
         self._state = EnvState.UNSTARTED
         self._last_record = None
@@ -128,7 +136,7 @@ class HarborEnv(gym.Env[dict, Any]):
         self._close_episode()
         from harbor_gym.episode import Episode
 
-        episode = Episode(task, config=self.config, sandbox_factory=self._sandbox_factory, agent=agent)
+        episode = Episode(task, config=self.config, sandbox_factory=self._factory(), agent=agent)
         try:
             episode.start()
         except BaseException:
@@ -194,14 +202,35 @@ class HarborEnv(gym.Env[dict, Any]):
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:
-        """Stop every sandbox of the env (GYM-7). Idempotent; the env cannot be reset afterwards."""
+        """Stop every sandbox of the env (GYM-7). Idempotent; the env cannot be reset afterwards.
+
+        With warm pools, the sandboxes its episodes were handed are removed before this returns (a pool retires
+        them in the background otherwise); the pool's own warm sandboxes stay for other envs until
+        `harbor_gym.sandbox.pool.close_pools` (also run at interpreter exit)."""
         try:
             self._close_episode()
         finally:
             self._state = EnvState.CLOSED
-            super().close()
+            try:
+                wait = getattr(self._sandbox_factory or self._own_pool_factory, "wait_removed", None)
+                if wait is not None:
+                    wait(60.0)
+            finally:
+                super().close()
 
     # --- internals -------------------------------------------------------------------------------------
+    def _factory(self) -> Callable | None:
+        """The sandbox factory of the next episode: the given one; else, with ``pool_size > 0``, this env's
+        `PoolFactory` (one per env, so that ``close`` can wait for what it handed out); else ``None`` (the
+        episode's default)."""
+        if self._sandbox_factory is not None:
+            return self._sandbox_factory
+        if self.config.pool_size > 0 and self._own_pool_factory is None:
+            from harbor_gym.sandbox.pool import pool_factory
+
+            self._own_pool_factory = pool_factory(self.config)
+        return self._own_pool_factory
+
     def _select_task(self, options: dict[str, Any]):
         return self.task
 

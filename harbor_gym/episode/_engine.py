@@ -63,6 +63,13 @@ class EpisodeState(str, enum.Enum):
 
 
 def _default_factory(config: EnvConfig) -> Callable[[SandboxSpec], Sandbox]:
+    """``config.pool_size > 0``: the process's warm pools of that size (`harbor_gym.sandbox.pool.pool_factory`; the
+    agent sandbox is claimed already seeded). ``0``: every sandbox is started on demand."""
+    if config.pool_size > 0:
+        from harbor_gym.sandbox.pool import pool_factory
+
+        return pool_factory(config)
+
     def factory(spec: SandboxSpec) -> Sandbox:
         from harbor_gym import sandbox as sandbox_pkg
 
@@ -80,7 +87,9 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
     Args:
         task: a loaded `Task` (or a task folder path, loaded with ``config``).
         config: an `EnvConfig` or a ``dict`` (defaults when ``None``).
-        sandbox_factory: ``spec -> started Sandbox``; default: ``harbor_gym.sandbox.open`` with ``config.backend``.
+        sandbox_factory: ``spec -> started Sandbox``; default: ``harbor_gym.sandbox.open`` with ``config.backend``,
+            or the warm pools when ``config.pool_size > 0``. A factory with ``claim_prepared(spec, key, prepare)``
+            (`harbor_gym.sandbox.pool.PoolFactory`) hands out agent sandboxes already seeded (GYM-2).
         agent: the announced agent (GYM-4), needed by LOAD-20/22 checks in ``start()``.
     """
 

@@ -13,10 +13,7 @@ from harbor_gym.episode._budgets import (
     setup_bound,
     verifier_budget,
 )
-from harbor_gym.episode._healthcheck import poll_healthcheck
-from harbor_gym.episode._shell import Script, parse
-from harbor_gym.episode._staging import STAGE_DIR, ArchiveBuilder
-from harbor_gym.episode._turnstate import _HOUSEKEEPING_S
+from harbor_gym.episode._seedplan import SeedPlan, seed_plan
 from harbor_gym.errors import (
     HarborGymError,
     ImageError,
@@ -40,6 +37,10 @@ class _SeedPhase:
         name = self.config.backend.value
         if name != "auto":
             return name
+        from harbor_gym.sandbox.pool import PoolFactory
+
+        if isinstance(self._factory, PoolFactory):  # its backend was resolved when it was made
+            return self._factory.backend
         if self._custom_factory:
             return "docker"
         try:
@@ -73,11 +74,12 @@ class _SeedPhase:
             default_episode_timeout_s=self.config.default_episode_timeout_seconds, harbor=self._harbor)
 
     def _seed_with_retries(self, spec: SandboxSpec) -> None:
+        plan = seed_plan(self.task)  # pure: reads environment/ once, before any sandbox (FMT-10)
         attempts = self.config.seed_retries + 1
         last: HarborGymError | None = None
         for attempt in range(attempts):
             try:
-                self._seed_once(spec)
+                self._seed_once(spec, plan)
                 return
             except SandboxUnavailableError as exc:
                 self._stop_sandboxes()
@@ -105,10 +107,15 @@ class _SeedPhase:
         raise SeedError(f"sandbox outage while seeding, {attempts} attempt(s): {last}", path=self.task.path,
                         rule="GYM-2", retryable=True) from last
 
+    def _main_from_factory(self) -> bool:
+        """True iff the agent sandbox comes from the sandbox factory (False: service ``main`` of a compose group)."""
+        compose = getattr(self.task, "compose", None)
+        return compose is None or bool(self.task.config.environment.docker_image) or self.task.dockerfile is not None
+
     def _open_main(self, spec: SandboxSpec) -> Sandbox:
         """The agent sandbox: the factory's, or service ``main`` of the compose group (COMPOSE-1)."""
         compose = getattr(self.task, "compose", None)
-        if compose is None or self.task.config.environment.docker_image or self.task.dockerfile is not None:
+        if self._main_from_factory():
             return self._factory(spec)
         from harbor_gym.sandbox.compose import open_group
 
@@ -127,36 +134,21 @@ class _SeedPhase:
         except (KeyError, HarborGymError):
             return None
 
-    def _seed_once(self, spec: SandboxSpec) -> None:
+    def _seed_once(self, spec: SandboxSpec, plan: SeedPlan) -> None:
+        """Start and seed the agent sandbox (GYM-2). A factory with ``claim_prepared`` (a warm pool) hands out one
+        on which ``plan`` already ran, off the reset path; a failed preparation is never handed out and raises here
+        as it would have on the reset path (the pool's cold claim runs ``plan.apply`` itself). Otherwise the
+        sandbox is started, then ``plan`` is applied to it here."""
+        claim_prepared = getattr(self._factory, "claim_prepared", None)
+        if claim_prepared is not None and self._main_from_factory():
+            sb = claim_prepared(spec, plan.key, plan.apply)
+            self._sandbox = sb
+            self._user_in_place = sb.default_user
+            return
         sb = self._open_main(spec)
         self._sandbox = sb
         self._user_in_place = sb.default_user
-        workdir = sb.workdir
-        script = Script()
-        stdin: bytes | None = None
-        script.add(f"mkdir -p /logs/agent /logs/verifier /logs/artifacts /tests {STAGE_DIR} && "
-                   f"chmod 0777 /logs/agent /logs/verifier /logs/artifacts && chmod 0700 {STAGE_DIR} || "
-                   + script.flag("failed"))
-        cfg = self.task.config.environment
-        if cfg.docker_image and self.task.dockerfile is None and self.task.compose_file is None \
-                and self.task.environment_dir is not None:
-            builder = ArchiveBuilder()
-            builder.add_tree(self.task.environment_dir, workdir, honour_ignore=False, root=self.task.path)
-            if builder:
-                stdin = builder.render()  # the archive travels on the exec's stdin: no separate upload
-                script.add(f"tar -xpf - -C / || {script.flag('failed')}")
-        result = sb.exec(script.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin)
-        if not result.ok or parse(result.stdout, script.marker).has("failed"):
-            raise SandboxError(f"seeding commands failed (exit {result.exit_code}): {result.stderr[-500:]}",
-                               field="seed", rule="GYM-2", retryable=True)
-        hc = cfg.healthcheck
-        if hc is not None:
-            passed, attempts = poll_healthcheck(
-                hc, lambda cmd, t: sb.exec(["bash", "-c", cmd], timeout=t, user=sb.default_user, cwd=workdir))
-            if not passed:
-                raise SeedError(f"[environment].healthcheck failed after {attempts} attempt(s)",
-                                path=self.task.path / "task.toml", field="environment.healthcheck",
-                                rule="GYM-2", retryable=True)
+        plan.apply(sb)
 
     def _stop_sandboxes(self) -> None:
         first: BaseException | None = None

@@ -16,8 +16,12 @@ Guarantees:
 - `SandboxPool.close` (and `close_pools`, also run at interpreter exit) removes every sandbox the pool started:
   ready ones, ones still starting, and handed-out ones not yet torn down. It is idempotent.
 
-Use: ``HarborEnv(path, sandbox_factory=pool_factory(config))``, or ``EnvConfig(pool_size=N)`` with the vector env
-and ``harbor-gym run``; ``harbor-gym prewarm PATH --size N`` fills pools ahead of a run.
+- `PooledSandbox.wait_removed` / `PoolFactory.wait_removed` wait until retired sandboxes are really gone (what
+  ``HarborEnv.close`` does, so that nothing of its episodes outlives it).
+
+Use: ``EnvConfig(pool_size=N)`` (any env, `Episode`, the vector env, ``harbor-gym run``), or
+``HarborEnv(path, sandbox_factory=pool_factory(config))``; ``harbor-gym prewarm PATH --size N`` fills pools ahead of a
+run. The episode claims with `PoolFactory.claim_prepared`, so its seeding (GYM-2) runs ahead on the pool too.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class PooledSandbox:
         self._inner = inner
         self._pool = pool
         self._stopped = False
+        self._removed = threading.Event()
         #: True iff the sandbox came from the pool's ready set (False: started by the claim itself).
         self.warm = warm
         self.backend = inner.backend
@@ -155,7 +160,19 @@ class PooledSandbox:
         if self._stopped:
             return
         self._stopped = True
-        self._pool._retire(self._inner)
+        self._pool._retire(self._inner, self._removed)
+
+    @property
+    def stopped(self) -> bool:
+        """True once `stop` was called (the sandbox is retired; it may still be being removed)."""
+        return self._stopped
+
+    def wait_removed(self, timeout: float | None = 60.0) -> bool:
+        """Wait until the retired sandbox is removed (by the reaper or by the pool's close). Returns True iff it
+        was; False at once when `stop` was never called."""
+        if not self._stopped:
+            return False
+        return self._removed.wait(timeout)
 
     def __getattr__(self, name: str) -> Any:  # backend extras (container_id, spec, engine_requests, ...)
         return getattr(self._inner, name)
@@ -208,6 +225,7 @@ class SandboxPool:
         self._out: dict[int, Sandbox] = {}  # handed out, not yet retired
         self._reap_q: collections.deque[Sandbox] = collections.deque()
         self._reaping = 0
+        self._removal_events: dict[int, threading.Event] = {}  # retired sandbox id -> set once removed
         self._backoff_until = 0.0
         self._failures = 0
         self._last_error: BaseException | None = None
@@ -317,10 +335,16 @@ class SandboxPool:
                 self.stats.cold_claims += 1
         return PooledSandbox(sandbox, self, warm=warm)
 
-    def _retire(self, sandbox: Sandbox) -> None:
+    def _retire(self, sandbox: Sandbox, removed: threading.Event | None = None) -> None:
         with self._lock:
+            if self._state is PoolState.CLOSED:  # close() removed it already
+                if removed is not None:
+                    removed.set()
+                return
             self._out.pop(id(sandbox), None)
             self.stats.retired += 1
+            if removed is not None:
+                self._removal_events[id(sandbox)] = removed
             self._reap_q.append(sandbox)
             self._lock.notify_all()
 
@@ -413,6 +437,9 @@ class SandboxPool:
             finally:
                 with self._lock:
                     self._reaping -= 1
+                    event = self._removal_events.pop(id(sandbox), None)
+                    if event is not None:
+                        event.set()
                     self._lock.notify_all()
 
     def drain(self, *, timeout: float | None = 60.0) -> bool:
@@ -456,6 +483,11 @@ class SandboxPool:
                 sandbox.stop()
             except Exception as exc:
                 first = first or exc
+        with self._lock:
+            events = list(self._removal_events.values())
+            self._removal_events.clear()
+        for event in events:
+            event.set()
         self._refill_thread.join(timeout=5)
         self._reaper_thread.join(timeout=5)
         with _registry_lock:
@@ -529,21 +561,57 @@ class PoolFactory:
 
     ``factory(spec)`` claims a pristine sandbox of ``spec``. ``factory.claim_prepared(spec, key, prepare)`` claims
     one on which ``prepare`` already ran (in the background for warm ones): the hook through which the episode's
-    seeding can leave the reset path as well.
+    seeding leaves the reset path as well (SPEC GYM-2; `harbor_gym.episode` uses it when the factory has it).
+
+    A failing ``prepare`` never yields a sandbox: in the background it is recorded (``stats.failed_starts``,
+    ``last_error``) and the sandbox removed; when no prepared sandbox is ready, the claim starts one and runs
+    ``prepare`` itself, so that its error (e.g. a failed seed healthcheck's `SeedError`) is what the claim raises.
+
+    The factory remembers the sandboxes it handed out until they are removed, so that `wait_removed` can wait for
+    them (not pickled: a copy in another process starts with none).
     """
 
     def __init__(self, *, backend: str, settings: SandboxSettings, size: int) -> None:
         self.backend = backend
         self.settings = settings
         self.pool_size = size
+        self._handed: list[PooledSandbox] = []
+        self._handed_lock = threading.Lock()
 
     def __call__(self, spec: SandboxSpec) -> Sandbox:
-        return get_pool(spec, backend=self.backend, settings=self.settings, size=self.pool_size).claim()
+        return self._track(get_pool(spec, backend=self.backend, settings=self.settings, size=self.pool_size).claim())
 
     def claim_prepared(self, spec: SandboxSpec, key: Any, prepare: Callable[[Sandbox], None]) -> Sandbox:
-        """A pristine sandbox of ``spec`` on which ``prepare`` ran (``key`` names the preparation)."""
-        return get_pool(spec, backend=self.backend, settings=self.settings, size=self.pool_size, prepare=prepare,
-                        prepare_key=key).claim()
+        """A pristine sandbox of ``spec`` on which ``prepare`` ran (``key`` names the preparation: equal keys must
+        mean equal preparations). Raises what ``prepare`` raised on a cold claim (nothing is left running)."""
+        return self._track(get_pool(spec, backend=self.backend, settings=self.settings, size=self.pool_size,
+                                    prepare=prepare, prepare_key=key).claim())
+
+    def _track(self, sandbox: PooledSandbox) -> PooledSandbox:
+        with self._handed_lock:
+            self._handed = [sb for sb in self._handed if not (sb.stopped and sb._removed.is_set())]
+            self._handed.append(sandbox)
+        return sandbox
+
+    def wait_removed(self, timeout: float | None = 60.0) -> bool:
+        """Wait until every sandbox this factory handed out and that was stopped since is removed (ones still in
+        use are not waited for). Returns True iff all of them were removed within ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._handed_lock:
+            stopped = [sb for sb in self._handed if sb.stopped]
+        ok = True
+        for sb in stopped:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ok = sb.wait_removed(left) and ok
+        with self._handed_lock:
+            self._handed = [sb for sb in self._handed if not (sb.stopped and sb._removed.is_set())]
+        return ok
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"backend": self.backend, "settings": self.settings, "pool_size": self.pool_size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(backend=state["backend"], settings=state["settings"], size=state["pool_size"])
 
     def pools(self) -> list[SandboxPool]:
         """The open pools this factory's claims use (same backend and settings)."""

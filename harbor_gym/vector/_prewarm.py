@@ -46,6 +46,7 @@ def prewarm(path: str | Path, *, size: int, config: EnvConfig | Mapping[str, Any
     Raises:
         TaskLoadError: ``path`` is neither a task folder nor a loadable dataset. ConfigError: a bad config or size.
     """
+    from harbor_gym.episode._seedplan import seed_plan
     from harbor_gym.episode._spec import agent_spec
     from harbor_gym.errors import HarborGymError
     from harbor_gym.sandbox.pool import pool_factory
@@ -74,7 +75,9 @@ def prewarm(path: str | Path, *, size: int, config: EnvConfig | Mapping[str, Any
             continue
         try:
             spec = agent_spec(task)
-            pool = get_pool(spec, backend=factory.backend, settings=factory.settings, size=size)
+            plan = seed_plan(task)  # the pool episodes claim from: sandboxes seeded ahead (GYM-2)
+            pool = get_pool(spec, backend=factory.backend, settings=factory.settings, size=size, prepare=plan.apply,
+                            prepare_key=plan.key)
         except HarborGymError as exc:
             results.append(PrewarmResult(task_id, 0, size, 0.0, f"{type(exc).__name__}: {exc}"))
             continue
