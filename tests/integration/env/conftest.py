@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from env_helpers import TEST_LABEL
-
-
-def labelled_containers(docker_client) -> list:
-    """This test process's containers (all states)."""
-    return docker_client.containers.list(all=True, filters={"label": "=".join(TEST_LABEL)})
+from env_helpers import labelled_containers
 
 
 @pytest.fixture

@@ -27,3 +27,6 @@ def solution_scripts(example: str) -> list[str]:
     return [(s.solution_dir / "solve.sh").read_text() for s in task.steps]
 
 
+def labelled_containers(docker_client) -> list:
+    """This test process's containers (all states)."""
+    return docker_client.containers.list(all=True, filters={"label": "=".join(TEST_LABEL)})

@@ -14,8 +14,7 @@ from harbor_gym.agents import AgentOutcome
 from harbor_gym.errors import SessionMismatchError
 from harbor_gym.wrappers import ContinueSession
 
-from conftest import labelled_containers
-from env_helpers import DOCKER
+from env_helpers import DOCKER, labelled_containers
 
 pytestmark = pytest.mark.docker
 

@@ -16,8 +16,7 @@ from harbor_gym import HarborDatasetEnv, HarborEnv, ResetNeededError
 from harbor_gym.agents import Oracle
 from harbor_gym.wrappers import ContinueSession, RewardRollup
 
-from conftest import labelled_containers
-from env_helpers import DOCKER, ENVS, TEST_LABEL, solution_script
+from env_helpers import DOCKER, ENVS, TEST_LABEL, labelled_containers, solution_script
 
 pytestmark = pytest.mark.docker
 
