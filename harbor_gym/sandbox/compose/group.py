@@ -184,7 +184,7 @@ class ComposeGroup:
             raise
 
     def _resource_labels(self, lease: leases.Lease) -> dict[str, str]:
-        return {**self.labels, MANAGED_LABEL: "true", RUN_LABEL: lease.run_id,
+        return {**dict(self.settings.labels), **self.labels, MANAGED_LABEL: "true", RUN_LABEL: lease.run_id,
                 TTL_LABEL: f"{self.settings.lease_ttl_s:g}", GROUP_LABEL: self.name}
 
     def _start(self) -> None:
