@@ -90,7 +90,18 @@ class AgentProcesses:
         """Attribute to the agent what appeared during the activation, and the descendants of its processes."""
         procs = parse_listing(listing)
         keys = {p.key for p in procs.values()}
-        agent = (self._agent & keys) | (keys - self._before)
+        # A new child of a process that was alive before and is not the agent's (a setup.sh ticker's `sleep`) is
+        # not the agent's, nor are its descendants; orphans re-parented to PID 1 are.
+        others = {p.pid for p in procs.values() if p.key in self._before and p.key not in self._agent and p.pid > 1}
+        grown = True
+        while grown:
+            grown = False
+            for p in procs.values():
+                if p.ppid in others and p.pid not in others and p.key not in self._before:
+                    others.add(p.pid)
+                    grown = True
+        agent = (self._agent & keys) | {p.key for p in procs.values()
+                                         if p.key not in self._before and p.pid not in others}
         pids = {int(k.split(":")[0]) for k in agent}
         grown = True
         while grown:

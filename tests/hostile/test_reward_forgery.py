@@ -80,7 +80,8 @@ def test_p1_freeze_defeats_a_background_writer_across_turns(tmp_path, backend):
     setup = "nohup sh -c 'while :; do date +%s%N > /app/ticks; sleep 0.1; done' >/dev/null 2>&1 &\n"
     task = write_task(tmp_path, {"task.toml": toml(["s1", "s2"]), "tests/test.sh": probe,
                                  "steps/s1/workdir/setup.sh": setup}, name="freeze")
-    check = "test -f /app/ticker-ran && echo ticker-ok; pgrep -f 'reward.txt' >/dev/null && echo writer-alive"
+    check = ("test -f /app/ticker-ran && echo ticker-ok; rm -f /logs/verifier/reward.txt; sleep 0.5; "
+             "test -f /logs/verifier/reward.txt && echo writer-alive")
     results, final = run_episode(task, [WRITER, check], config(backend, freeze_agent_during_verify=True))
     assert [r.record.reward for r in results] == [0.0, 0.0], [r.record for r in results]
     assert all(r.record.reward_valid for r in results) and final.reward == 0.0
