@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from harbor_gym.task import Task
 
 __all__ = [
     "agent_budget",
@@ -13,6 +16,7 @@ __all__ = [
     "healthcheck_worst_case",
     "StepBudgets",
     "episode_deadline",
+    "task_step_budgets",
     "UNBOUNDED_TERM_S",
 ]
 
@@ -103,3 +107,30 @@ def episode_deadline(
         _log.warning("episode deadline %.0f s exceeds default_episode_timeout_seconds %.0f s; it still applies "
                      "(BUD-6)", total, default_episode_timeout_s)
     return total
+
+
+def task_step_budgets(task: "Task", modes: Sequence[str], *, multiplier: float, step_setup_timeout_s: float | None,
+                      agent_cap: float | None) -> list[StepBudgets]:
+    """The BUD-6 terms of every step of ``task``, ``modes`` giving each step's verifier mode (VER-1/2).
+
+    The multiplier ``m`` scales the agent and verifier budgets only (BUD-1/2), never collect-hook or healthcheck
+    numbers (BUD-3); a separate step's sandbox-start allowance is its verifier environment's
+    ``build_timeout_sec``, else ``[environment]``'s (BUD-9).
+    """
+    steps = []
+    for step, mode in zip(task.steps, modes):
+        agent = agent_budget(step.agent_timeout_sec, None, multiplier, agent_cap)
+        hc = step.healthcheck
+        table = step.verifier_environment or task.config.environment
+        steps.append(StepBudgets(
+            agent=agent,
+            verifier=verifier_budget(step.verifier_timeout_sec, multiplier),
+            setup=setup_bound(step_setup_timeout_s, agent),
+            has_setup=step.setup_script is not None,
+            healthcheck=None if hc is None else healthcheck_worst_case(
+                hc.start_period_sec, hc.start_interval_sec, hc.timeout_sec, hc.interval_sec, hc.retries),
+            collect_timeouts=tuple(float(h.timeout_sec) for h in step.collect),
+            separate=mode == "separate",
+            sandbox_start_allowance=float(table.build_timeout_sec),
+        ))
+    return steps

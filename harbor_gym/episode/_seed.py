@@ -5,14 +5,7 @@ from __future__ import annotations
 import logging
 
 from harbor_gym.agents import agent_timeout_cap
-from harbor_gym.episode._budgets import (
-    StepBudgets,
-    agent_budget,
-    episode_deadline,
-    healthcheck_worst_case,
-    setup_bound,
-    verifier_budget,
-)
+from harbor_gym.episode._budgets import episode_deadline, task_step_budgets
 from harbor_gym.episode._seedplan import SeedPlan, seed_plan
 from harbor_gym.errors import (
     HarborGymError,
@@ -51,22 +44,9 @@ class _SeedPhase:
             return "local"
 
     def _deadline(self) -> float | None:
-        steps = []
-        for step, mode in zip(self.task.steps, self._modes):
-            agent = agent_budget(step.agent_timeout_sec, None, self._multiplier, agent_timeout_cap(self.agent))
-            hc = step.healthcheck
-            table = step.verifier_environment or self.task.config.environment
-            steps.append(StepBudgets(
-                agent=agent,
-                verifier=verifier_budget(step.verifier_timeout_sec, self._multiplier),
-                setup=setup_bound(self.config.step_setup_timeout_s, agent),
-                has_setup=step.setup_script is not None,
-                healthcheck=None if hc is None else healthcheck_worst_case(
-                    hc.start_period_sec, hc.start_interval_sec, hc.timeout_sec, hc.interval_sec, hc.retries),
-                collect_timeouts=tuple(float(h.timeout_sec) for h in step.collect),
-                separate=mode == "separate",
-                sandbox_start_allowance=float(table.build_timeout_sec),
-            ))
+        steps = task_step_budgets(self.task, self._modes, multiplier=self._multiplier,
+                                  step_setup_timeout_s=self.config.step_setup_timeout_s,
+                                  agent_cap=agent_timeout_cap(self.agent))
         return episode_deadline(
             steps, enforce=self.config.enforce_task_timeouts,
             harness_setup_allowance_s=self.config.harness_setup_allowance_s,

@@ -79,3 +79,81 @@ def test_bud_7_not_enforced_uses_default():
 def test_diff_17_harbor_has_no_deadline():
     assert episode_deadline([StepBudgets(agent=1, verifier=1)], enforce=True, harness_setup_allowance_s=0,
                             verifier_grace_s=0, default_episode_timeout_s=123, harbor=True) is None
+
+
+def _task_with_hooks(tmp_path):
+    from harbor_gym.task import load_task
+
+    task = tmp_path / "budgets"
+    (task / "steps" / "one" / "workdir").mkdir(parents=True)
+    (task / "steps" / "one" / "instruction.md").write_text("do it\n")
+    (task / "steps" / "one" / "workdir" / "setup.sh").write_text("#!/bin/bash\n:\n")
+    (task / "steps" / "two").mkdir(parents=True)
+    (task / "steps" / "two" / "instruction.md").write_text("do it\n")
+    (task / "tests").mkdir()
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (task / "instruction.md").write_text("never sent\n")
+    (task / "task.toml").write_text(
+        """
+[environment]
+docker_image = "debian:bookworm-slim"
+build_timeout_sec = 111.0
+
+[[verifier.collect]]
+command = "true"
+timeout_sec = 7.0
+
+[[steps]]
+name = "one"
+[steps.agent]
+timeout_sec = 10.0
+[steps.verifier]
+timeout_sec = 20.0
+[steps.healthcheck]
+command = "true"
+interval_sec = 1.0
+timeout_sec = 2.0
+start_period_sec = 3.0
+start_interval_sec = 4.0
+retries = 2
+
+[[steps]]
+name = "two"
+[steps.verifier]
+timeout_sec = 5.0
+environment_mode = "separate"
+[steps.verifier.environment]
+docker_image = "debian:bookworm-slim"
+build_timeout_sec = 222.0
+"""
+    )
+    return load_task(task)
+
+
+# SPEC: BUD-3
+def test_bud_3_multiplier_never_scales_collect_hooks_or_healthchecks(tmp_path):
+    from harbor_gym.episode._budgets import task_step_budgets
+
+    task = _task_with_hooks(tmp_path)
+    one, two = task_step_budgets(task, ["shared", "separate"], multiplier=3.0, step_setup_timeout_s=None,
+                                 agent_cap=None)
+    assert one.agent == 30.0 and one.verifier == 60.0  # BUD-1/2: scaled by m
+    assert one.setup == 30.0  # BUD-4: the turn's (scaled) agent budget
+    assert one.collect_timeouts == (7.0,)  # BUD-3: hook timeouts as written
+    r = 2
+    assert one.healthcheck == 3.0 + 4.0 + (r + 1) * 2.0 + r * 1.0  # BUD-3/5: h as written, never × m
+    assert two.collect_timeouts == (7.0,) and two.healthcheck is None
+
+
+# SPEC: BUD-9
+def test_bud_9_sandbox_start_allowance_is_the_verifier_environments_build_timeout(tmp_path):
+    from harbor_gym.episode._budgets import task_step_budgets
+
+    task = _task_with_hooks(tmp_path)
+    one, two = task_step_budgets(task, ["shared", "separate"], multiplier=1.0, step_setup_timeout_s=None,
+                                 agent_cap=None)
+    assert two.separate and two.sandbox_start_allowance == 222.0  # the step's verifier environment's
+    assert not one.separate
+    deadline = episode_deadline([one, two], enforce=True, harness_setup_allowance_s=0.0, verifier_grace_s=0.0,
+                                default_episode_timeout_s=1e9)
+    assert deadline == (10.0 + 10.0 + one.healthcheck + 20.0 + 7.0) + (UNBOUNDED_TERM_S + 5.0 + 7.0 + 222.0)
