@@ -1,60 +1,24 @@
-"""Warm pools: pristine sandboxes started ahead of need, so that ``reset`` does not wait on a container start.
+"""`SandboxPool`: up to ``size`` pristine sandboxes of one spec, refilled and torn down in background threads.
 
-One `SandboxPool` per (spec, backend, settings). It keeps up to ``size`` sandboxes started and never used
-("pristine"), refills in a background thread (at most `MAX_CONCURRENT_STARTS` background starts at a time, process
-wide), and tears handed-out sandboxes down in a background reaper, so that neither the start nor the teardown sits
-on the reset path.
-
-Guarantees:
-- A sandbox is handed out at most once and never returns to the pool: `PooledSandbox.stop` retires it to the
-  reaper (SPEC GYM-2: every episode starts on a sandbox no episode used).
-- ``ready + starting <= size`` at all times (handed-out sandboxes are not the pool's any more).
-- A ready sandbox is health-checked (``is_alive``, one engine request) before it is handed out; a dead one is
-  discarded. When no ready sandbox is left, `SandboxPool.claim` starts one itself.
-- Pool sandboxes are ordinary backend sandboxes: they hold the process lease (a SIGKILLed host leaves nothing past
-  the lease TTL) and are registered for the interpreter-exit stop.
-- `SandboxPool.close` (and `close_pools`, also run at interpreter exit) removes every sandbox the pool started:
-  ready ones, ones still starting, and handed-out ones not yet torn down. It is idempotent.
-
-- `PooledSandbox.wait_removed` / `PoolFactory.wait_removed` wait until retired sandboxes are really gone (what
-  ``HarborEnv.close`` does, so that nothing of its episodes outlives it).
-
-Use: ``EnvConfig(pool_size=N)`` (any env, `Episode`, the vector env, ``harbor-gym run``), or
-``HarborEnv(path, sandbox_factory=pool_factory(config))``; ``harbor-gym prewarm PATH --size N`` fills pools ahead of a
-run. The episode claims with `PoolFactory.claim_prepared`, so its seeding (GYM-2) runs ahead on the pool too.
+Holds the pool itself (claim, refill, reaper, close), its state enum and its counters; the wrapper it hands
+out is in `_pooled`, the process's pools and the ``sandbox_factory`` in `_registry`. Guarantees: see
+`harbor_gym.sandbox.pool` (SPEC GYM-2).
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import enum
 import logging
-import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Callable
 
 from harbor_gym.errors import ConfigError, SandboxError
-from harbor_gym.sandbox.base import ExecResult, Sandbox, SandboxSettings, SandboxSpec, SandboxState
+from harbor_gym.sandbox.base import Sandbox, SandboxSettings, SandboxSpec, SandboxState
+from harbor_gym.sandbox.pool._pooled import PooledSandbox
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from harbor_gym.config import EnvConfig
-
-__all__ = [
-    "SandboxPool",
-    "PoolState",
-    "PoolStats",
-    "PooledSandbox",
-    "PoolFactory",
-    "MAX_CONCURRENT_STARTS",
-    "get_pool",
-    "pool_factory",
-    "pools",
-    "close_pools",
-]
+__all__ = ["MAX_CONCURRENT_STARTS", "PoolState", "PoolStats", "SandboxPool"]
 
 log = logging.getLogger("harbor_gym.sandbox.pool")
 
@@ -98,93 +62,6 @@ class PoolStats:
 
     def __repr__(self) -> str:
         return f"PoolStats({self.as_dict()})"
-
-
-class PooledSandbox:
-    """A sandbox handed out by a pool: every call goes to the backend sandbox, except `stop`, which hands it to
-    the pool's reaper (teardown off the caller's path) and returns at once. After `stop` the sandbox is never used
-    again by anyone; ``state`` reads ``STOPPED`` from then on."""
-
-    def __init__(self, inner: Sandbox, pool: "SandboxPool", *, warm: bool) -> None:
-        self._inner = inner
-        self._pool = pool
-        self._stopped = False
-        self._removed = threading.Event()
-        #: True iff the sandbox came from the pool's ready set (False: started by the claim itself).
-        self.warm = warm
-        self.backend = inner.backend
-        self.name = inner.name
-
-    @property
-    def inner(self) -> Sandbox:
-        """The backend sandbox (for inspection)."""
-        return self._inner
-
-    @property
-    def state(self) -> SandboxState:
-        return SandboxState.STOPPED if self._stopped else self._inner.state
-
-    @property
-    def workdir(self) -> str:
-        return self._inner.workdir
-
-    @property
-    def default_user(self) -> str:
-        return self._inner.default_user
-
-    def start(self) -> None:
-        """A pooled sandbox is handed out running; starting it again is refused like on any backend."""
-        raise SandboxError(f"sandbox {self.name} was already started (handed out running by its pool)")
-
-    def exec(self, command: str | Sequence[str], *, timeout: float | None, user: str | None = None,
-             env: Mapping[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None) -> ExecResult:
-        return self._inner.exec(command, timeout=timeout, user=user, env=env, cwd=cwd, stdin=stdin)
-
-    def put(self, local: "Path", dest: str, *, owner: str | None = None, mode: int | None = None) -> None:
-        self._inner.put(local, dest, owner=owner, mode=mode)
-
-    def put_bytes(self, data: bytes, dest: str, *, owner: str | None = None, mode: int = 0o644) -> None:
-        self._inner.put_bytes(data, dest, owner=owner, mode=mode)
-
-    def get(self, src: str, dest_dir: "Path") -> "Path":
-        return self._inner.get(src, dest_dir)
-
-    def read_file(self, path: str, *, max_bytes: int) -> bytes | None:
-        return self._inner.read_file(path, max_bytes=max_bytes)
-
-    def is_alive(self) -> bool:
-        return not self._stopped and self._inner.is_alive()
-
-    def stop(self) -> None:
-        """Retire the sandbox: the pool's reaper removes it in the background. Idempotent; never raises."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._pool._retire(self._inner, self._removed)
-
-    @property
-    def stopped(self) -> bool:
-        """True once `stop` was called (the sandbox is retired; it may still be being removed)."""
-        return self._stopped
-
-    def wait_removed(self, timeout: float | None = 60.0) -> bool:
-        """Wait until the retired sandbox is removed (by the reaper or by the pool's close). Returns True iff it
-        was; False at once when `stop` was never called."""
-        if not self._stopped:
-            return False
-        return self._removed.wait(timeout)
-
-    def __getattr__(self, name: str) -> Any:  # backend extras (container_id, spec, engine_requests, ...)
-        return getattr(self._inner, name)
-
-    def __enter__(self) -> "PooledSandbox":
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"PooledSandbox({self._inner!r}, warm={self.warm})"
 
 
 class SandboxPool:
@@ -490,10 +367,9 @@ class SandboxPool:
             event.set()
         self._refill_thread.join(timeout=5)
         self._reaper_thread.join(timeout=5)
-        with _registry_lock:
-            for key, pool in list(_registry.items()):
-                if pool is self:
-                    del _registry[key]
+        from harbor_gym.sandbox.pool._registry import _unregister
+
+        _unregister(self)
         if first is not None:
             log.warning("pool %s: a sandbox failed to stop at close: %s", self.spec.name_hint, first)
 
@@ -506,165 +382,3 @@ class SandboxPool:
     def __repr__(self) -> str:
         return (f"SandboxPool({self.spec.name_hint!r}, backend={self.backend}, size={self._size}, "
                 f"ready={len(self._ready)}, starting={len(self._starting)}, state={self._state.value})")
-
-
-# --- the process-wide registry -------------------------------------------------------------------------------
-_registry_lock = threading.Lock()
-_registry: dict[tuple, SandboxPool] = {}
-_atexit_registered = False
-
-
-def _settings_key(settings: SandboxSettings) -> tuple:
-    def frozen(m: Mapping[str, str]) -> tuple:
-        return tuple(sorted(m.items()))
-
-    return (settings.pull_policy, frozen(settings.image_aliases), frozen(settings.rootfs_aliases),
-            settings.lease_ttl_s, settings.output_cap_bytes, frozen(settings.labels))
-
-
-def get_pool(spec: SandboxSpec, *, backend: str = "auto", settings: SandboxSettings | None = None,
-             size: int = 2, prepare: Callable[[Sandbox], None] | None = None,
-             prepare_key: Any = None) -> SandboxPool:
-    """The process's pool for (``spec``, ``backend``, ``settings``, ``prepare_key``), made on first use. A later
-    call asking for a larger ``size`` grows the pool; a smaller one leaves it as it is.
-
-    ``prepare`` (see `SandboxPool`) is taken from the call that makes the pool; ``prepare_key`` must name what it
-    does (equal keys = equal preparations; ``None`` = no preparation).
-
-    Raises:
-        ConfigError: ``size`` is negative. SandboxUnavailableError: an unknown or unavailable backend.
-    """
-    global _atexit_registered
-    from harbor_gym import sandbox as sandbox_pkg
-
-    chosen = sandbox_pkg.choose_backend(backend)
-    settings = settings or sandbox_pkg._default_settings()
-    if (prepare is None) != (prepare_key is None):
-        raise ConfigError("give prepare and prepare_key together", field="get_pool")
-    key = (spec.key(), chosen, _settings_key(settings), prepare_key)
-    with _registry_lock:
-        pool = _registry.get(key)
-        if pool is None or pool.state is PoolState.CLOSED:
-            pool = SandboxPool(spec, backend=chosen, settings=settings, size=size, prepare=prepare)
-            _registry[key] = pool
-            if not _atexit_registered:
-                atexit.register(close_pools)
-                _atexit_registered = True
-            return pool
-    if size > pool.size:
-        pool.resize(size)
-    return pool
-
-
-class PoolFactory:
-    """A ``sandbox_factory`` (``spec -> started Sandbox``) claiming from the process's warm pools; picklable.
-
-    ``factory(spec)`` claims a pristine sandbox of ``spec``. ``factory.claim_prepared(spec, key, prepare)`` claims
-    one on which ``prepare`` already ran (in the background for warm ones): the hook through which the episode's
-    seeding leaves the reset path as well (SPEC GYM-2; `harbor_gym.episode` uses it when the factory has it).
-
-    A failing ``prepare`` never yields a sandbox: in the background it is recorded (``stats.failed_starts``,
-    ``last_error``) and the sandbox removed; when no prepared sandbox is ready, the claim starts one and runs
-    ``prepare`` itself, so that its error (e.g. a failed seed healthcheck's `SeedError`) is what the claim raises.
-
-    The factory remembers the sandboxes it handed out until they are removed, so that `wait_removed` can wait for
-    them (not pickled: a copy in another process starts with none).
-    """
-
-    def __init__(self, *, backend: str, settings: SandboxSettings, size: int) -> None:
-        self.backend = backend
-        self.settings = settings
-        self.pool_size = size
-        self._handed: list[PooledSandbox] = []
-        self._handed_lock = threading.Lock()
-
-    def __call__(self, spec: SandboxSpec) -> Sandbox:
-        return self._track(get_pool(spec, backend=self.backend, settings=self.settings, size=self.pool_size).claim())
-
-    def claim_prepared(self, spec: SandboxSpec, key: Any, prepare: Callable[[Sandbox], None]) -> Sandbox:
-        """A pristine sandbox of ``spec`` on which ``prepare`` ran (``key`` names the preparation: equal keys must
-        mean equal preparations). Raises what ``prepare`` raised on a cold claim (nothing is left running)."""
-        return self._track(get_pool(spec, backend=self.backend, settings=self.settings, size=self.pool_size,
-                                    prepare=prepare, prepare_key=key).claim())
-
-    def _track(self, sandbox: PooledSandbox) -> PooledSandbox:
-        with self._handed_lock:
-            self._handed = [sb for sb in self._handed if not (sb.stopped and sb._removed.is_set())]
-            self._handed.append(sandbox)
-        return sandbox
-
-    def wait_removed(self, timeout: float | None = 60.0) -> bool:
-        """Wait until every sandbox this factory handed out and that was stopped since is removed (ones still in
-        use are not waited for). Returns True iff all of them were removed within ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._handed_lock:
-            stopped = [sb for sb in self._handed if sb.stopped]
-        ok = True
-        for sb in stopped:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ok = sb.wait_removed(left) and ok
-        with self._handed_lock:
-            self._handed = [sb for sb in self._handed if not (sb.stopped and sb._removed.is_set())]
-        return ok
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"backend": self.backend, "settings": self.settings, "pool_size": self.pool_size}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(backend=state["backend"], settings=state["settings"], size=state["pool_size"])
-
-    def pools(self) -> list[SandboxPool]:
-        """The open pools this factory's claims use (same backend and settings)."""
-        wanted = (self.backend, _settings_key(self.settings))
-        with _registry_lock:
-            return [p for k, p in _registry.items() if (k[1], k[2]) == wanted]
-
-    def __repr__(self) -> str:
-        return f"PoolFactory(backend={self.backend!r}, size={self.pool_size})"
-
-
-def pool_factory(config: "EnvConfig | Mapping[str, Any] | None" = None, *, size: int | None = None) -> PoolFactory:
-    """A `PoolFactory` (a ``sandbox_factory``) that claims from the process's warm pools.
-
-    Args:
-        config: the env's config (backend and settings are taken from it).
-        size: the pool bound per spec; default ``config.pool_size``, and at least 1.
-
-    Raises:
-        ConfigError: an invalid config or a negative size.
-    """
-    from harbor_gym.config import EnvConfig
-
-    cfg = EnvConfig.coerce(dict(config) if isinstance(config, Mapping) else config)
-    bound = size if size is not None else max(1, int(getattr(cfg, "pool_size", 0) or 0))
-    if bound < 0:
-        raise ConfigError(f"a pool's size must be >= 0, got {bound}", field="pool_size")
-    from harbor_gym import sandbox as sandbox_pkg
-
-    return PoolFactory(backend=sandbox_pkg.choose_backend(cfg.backend.value), settings=SandboxSettings.from_config(cfg),
-                       size=bound)
-
-
-def pools() -> list[SandboxPool]:
-    """The process's open pools."""
-    with _registry_lock:
-        return list(_registry.values())
-
-
-def close_pools() -> None:
-    """Close every pool of the process (also run at interpreter exit); one failure does not stop the rest."""
-    for pool in pools():
-        try:
-            pool.close()
-        except Exception as exc:  # keep closing the others
-            log.warning("closing %r failed: %s", pool, exc)
-
-
-def _after_fork_in_child() -> None:
-    # A forked child owns none of the parent's sandboxes and none of its threads.
-    global _registry_lock
-    _registry.clear()
-    _registry_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
