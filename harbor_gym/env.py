@@ -153,7 +153,8 @@ class HarborEnv(gym.Env[dict, Any]):
 
         Returns ``(obs, reward, terminated, truncated, info)`` with the turn reward as a Python ``float`` (0.0 for
         measured-0, masked and ungraded turns), ``info["turn"]`` the TurnRecord, and on the ending call
-        ``info["episode_result"]``. An outage or a passed deadline is ``truncated=True`` (GYM-7, STOP-8, BUD-8).
+        ``info["episode_result"]``. An outage or a passed deadline is ``truncated=True`` (GYM-7, STOP-8, BUD-8),
+        with ``info["cause"]`` the record's ``failure_message`` (one line naming the task, the step and the cause).
 
         Raises:
             ResetNeededError: no episode is running (before ``reset`` or after its end; GYM-7).
@@ -171,6 +172,8 @@ class HarborEnv(gym.Env[dict, Any]):
         self._last_record = record
         info: dict[str, Any] = {"turn": record}
         terminated, truncated = bool(result.terminated), bool(result.truncated)
+        if truncated:  # STOP-8, BUD-8: the cause in one line (task, step, what happened)
+            info["cause"] = record.failure_message
         if result.episode is not None or terminated or truncated:
             self._last_result = result.episode if result.episode is not None else self._episode.result()
             info["episode_result"] = self._last_result

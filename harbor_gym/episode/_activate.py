@@ -13,7 +13,7 @@ from harbor_gym.agents import AgentOutcome, AgentStatus, Oracle, ScriptAgent, Tu
 from harbor_gym.agents._oracle import ORACLE_LOG, ORACLE_RUN
 from harbor_gym.episode._budgets import agent_budget
 from harbor_gym.episode._shell import parse, q
-from harbor_gym.episode._turnstate import WORKDIR_FAILED, _Turn
+from harbor_gym.episode._turnstate import WORKDIR_FAILED, _Turn, workdir_cause
 from harbor_gym.errors import SandboxError
 from harbor_gym.task import Step
 
@@ -78,6 +78,7 @@ class _ActivatePhase:
                                rule="TURN-8", retryable=True)
         if flags.has("workdir_failed"):
             t.prep_kind = WORKDIR_FAILED
+            t.cause = workdir_cause(turn.workdir, res.stdout, script.marker)
             return None
         rc = flags.first("rc")
         tail = flags.files.get("oracle.txt", (0, ""))[1]

@@ -42,6 +42,7 @@ from harbor_gym.episode._turnstate import (
     _HOUSEKEEPING_S,
     _timed,
     _Turn,
+    one_line,
 )
 from harbor_gym.episode._verify import _VerifyPhase
 from harbor_gym.errors import ResetNeededError, SandboxError
@@ -301,14 +302,32 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             fault = TurnFault.DEADLINE
         except SandboxError as exc:
             _log.warning("sandbox outage in turn %s of %s: %s", step.name, self.task.id, exc)
-            fault = TurnFault.OUTAGE
-        except Exception:  # the turn boundary: a defect becomes the record's failure kind, never an escape
+            fault, t.cause = TurnFault.OUTAGE, self._outage_cause(exc)
+        except Exception as exc:  # the turn boundary: a defect becomes the record's failure kind, never an escape
             _log.error("engine error in turn %s of %s:\n%s", step.name, self.task.id, traceback.format_exc())
             fault, t.engine_error = TurnFault.OUTAGE, True
+            t.cause = f"engine error: {type(exc).__name__}: {one_line(exc)}"
         t.timings["turn"] = time.monotonic() - t_turn
         if fault is TurnFault.NONE and self._clock.remaining() is not None and self._clock.remaining() <= 0:
             fault = TurnFault.DEADLINE
+        if fault is TurnFault.DEADLINE:
+            during = f"during {t.phase}" if t.phase else "before the turn began"
+            t.cause = f"episode deadline of {self._clock.deadline_s:.0f} s passed {during}"
         return self._decide(t, fault)
+
+    def _outage_cause(self, exc: SandboxError) -> str:
+        """STOP-8's cause: the agent sandbox by name (``died`` when it no longer runs) and the error."""
+        sb = self._sandbox
+        name = getattr(sb, "name", None)
+        if sb is None or not name:
+            return f"sandbox outage: {one_line(exc)}"
+        try:
+            alive = sb.is_alive()
+        except Exception:  # an engine that does not answer: the sandbox is as good as gone
+            alive = False
+        text = one_line(exc)
+        text = text.removeprefix(f"sandbox {name}: ")  # the backend's errors often name the sandbox already
+        return f"sandbox {name} {'failed' if alive else 'died'}: {text}"
 
     def _turn_phases(self, t: _Turn) -> TurnFault:
         """TURN-1: prepare → agent → artifacts → verify; returns the strongest graded fault (STOP-7)."""
@@ -322,10 +341,10 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         if t.outcome is None:  # the preparation folded into the oracle's exec failed (TURN-8)
             return TurnFault.PREP_FAILED
         policy = None if self._harbor else t.outcome.effective_policy(self.config.agent_outcome_policy)
-        if policy is AgentOutcomePolicy.RETRY:
-            return TurnFault.AGENT_RETRY
-        if policy is AgentOutcomePolicy.FAIL:
-            return TurnFault.AGENT_FAIL
+        if policy in (AgentOutcomePolicy.RETRY, AgentOutcomePolicy.FAIL):
+            t.cause = (f"the agent ended with status error (exit code {t.outcome.exit_code}); "
+                       f"agent_outcome_policy {policy.value}")
+            return TurnFault.AGENT_RETRY if policy is AgentOutcomePolicy.RETRY else TurnFault.AGENT_FAIL
         with _timed(t, "artifacts"):
             self._collect(t)
         with _timed(t, "verify"):
@@ -370,6 +389,9 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         failure_kind = t.prep_kind if fault is TurnFault.PREP_FAILED else verdict.failure_kind
         if t.engine_error:
             failure_kind = ENGINE_ERROR_KIND
+        message = None
+        if failure_kind is not None or t.masked:
+            message = f"{self.task.id}: step {t.step.name}: {t.cause or failure_kind or t.mask_reason}"
         record = TurnRecord(
             task_id=self.task.id, step_name=t.step.name, index=t.index, instruction=t.instruction,
             reward=reward, verifier_rewards=rewards, reward_valid=bool(has_result),
@@ -377,7 +399,8 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             min_reward_missed=missed, agent_status=t.outcome.status.value if t.outcome else None,
             exit_code=t.outcome.exit_code if t.outcome else None,
             output_tail=t.outcome.output_tail if t.outcome else None, manifest=t.manifest,
-            log_dir=self._logs.public(t.dirs.turn), timings=dict(t.timings), mask_reason=t.mask_reason)
+            log_dir=self._logs.public(t.dirs.turn), timings=dict(t.timings), mask_reason=t.mask_reason,
+            failure_message=message)
         self._records.append(record)
         for k, v in t.timings.items():
             self._timings[k] = self._timings.get(k, 0.0) + v
@@ -388,7 +411,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             if t.engine_error:
                 ungraded_kind = ENGINE_ERROR_KIND
             self._result = self._build_result(graded=verdict.graded, failure_kind=ungraded_kind,
-                                              retryable=verdict.retryable)
+                                              retryable=verdict.retryable, failure_message=message)
             episode = self._result
             self._state = EpisodeState.OVER
             self._sessions.close()  # SES-3: an early stop also ends the continued session, before its sandbox
@@ -399,7 +422,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
                           episode=episode)
 
     def _build_result(self, *, graded: bool, failure_kind: str | None, retryable: bool,
-                      final: bool = True) -> EpisodeResult:
+                      final: bool = True, failure_message: str | None = None) -> EpisodeResult:
         """RWD-7..10, STOP-9: the episode result from the turns so far (``final=False``: provisional)."""
         strategy = getattr(self.task.config.multi_step_reward_strategy, "value",
                            self.task.config.multi_step_reward_strategy) or "mean"
@@ -419,6 +442,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             failure_kind=failure_kind,
             retryable=retryable,
             response=self._response,
+            failure_message=failure_message,
             log_dir=self.log_dir,
             timings=dict(self._timings),
         )

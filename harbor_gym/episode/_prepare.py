@@ -16,6 +16,8 @@ from harbor_gym.episode._turnstate import (
     WORKDIR_FAILED,
     _is_root,
     _Turn,
+    one_line,
+    workdir_cause,
 )
 from harbor_gym.errors import SandboxError
 from harbor_gym.task import Step
@@ -100,13 +102,17 @@ class _PreparePhase:
             (t.dirs.agent / "setup.txt").write_text(res.stdout + res.stderr)
             if not res.ok:
                 _log.info("setup.sh of %s failed (exit %s, timed out %s)", step.name, res.exit_code, res.timed_out)
+                t.cause = (f"setup.sh overran its {bound:g} s bound" if res.timed_out
+                           else f"setup.sh exited {res.exit_code}")
                 return SETUP_FAILED
         if step.healthcheck is not None:
-            passed, _ = poll_healthcheck(
+            passed, attempts = poll_healthcheck(
                 step.healthcheck,
                 lambda cmd, tmo: self._exec(sb, ["bash", "-c", cmd], timeout=tmo, user=user, cwd=workdir),
                 on_tick=self._clock.check)
             if not passed:
+                t.cause = (f"healthcheck `{one_line(step.healthcheck.command, 120)}` failed "
+                           f"{max(1, int(step.healthcheck.retries))} counted time(s) ({attempts} attempt(s))")
                 return HEALTHCHECK_FAILED
         if is_oracle and not solution_now:
             script = Script()
@@ -125,3 +131,4 @@ class _PreparePhase:
         if flags.has("workdir_failed"):
             _log.info("workdir merge of %s failed: %s", t.step.name, res.stdout[-500:])
             t.prep_kind = WORKDIR_FAILED
+            t.cause = workdir_cause(self._sandbox.workdir, res.stdout, script.marker)

@@ -67,6 +67,8 @@ class TurnRecord:
         manifest: the artifact manifest (ART-4).
         log_dir: the turn's host log folder when ``EnvConfig.logs_root`` is set, else ``None``.
         timings: phase name -> seconds.
+        failure_message: one line naming the task, the step and the cause, whenever ``failure_kind`` is set or the
+            turn was masked (``mask_reason`` keeps its short code); ``None`` otherwise. Never holds env values.
     """
 
     task_id: str
@@ -87,6 +89,7 @@ class TurnRecord:
     log_dir: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     mask_reason: str | None = None
+    failure_message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field."""
@@ -109,6 +112,8 @@ class EpisodeResult:
         response: the last response of a turn whose agent ran (STOP-9).
         log_dir: the episode's host log folder when ``logs_root`` is set, else ``None``.
         timings: phase name -> seconds, summed over the episode (``seed`` included).
+        failure_message: the ending turn's ``failure_message`` (task, step and cause) when the episode ended on a
+            failed or masked turn; ``None`` otherwise and in a provisional result.
     """
 
     task_id: str
@@ -125,6 +130,7 @@ class EpisodeResult:
     response: str | None = None
     log_dir: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    failure_message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field (turns as dicts)."""

@@ -17,7 +17,7 @@ from harbor_gym.episode._rewards import RewardReading
 from harbor_gym.episode._shell import Script
 from harbor_gym.task import Step
 
-__all__ = ["SETUP_FAILED", "WORKDIR_FAILED", "HEALTHCHECK_FAILED", "ENGINE_ERROR_KIND"]
+__all__ = ["SETUP_FAILED", "WORKDIR_FAILED", "HEALTHCHECK_FAILED", "ENGINE_ERROR_KIND", "one_line", "workdir_cause"]
 
 SETUP_FAILED = "harbor:step_setup_failed"
 WORKDIR_FAILED = "harbor:step_workdir_failed"
@@ -31,6 +31,19 @@ _HOUSEKEEPING_S = 120.0
 _INLINE_CAP = 65536
 _REWARD_CAP = 262144
 _VERIFIER_TOOLS = ("bash", "timeout", "tar", "gzip", "find")
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` on one line (whitespace runs folded to one space), cut to ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def workdir_cause(workdir: str, stdout: str, marker: str) -> str:
+    """TURN-8 ``workdir_failed``: the cause, with tar's last complaint from the housekeeping output if any."""
+    lines = [line for line in stdout.splitlines() if line.strip() and marker not in line]
+    detail = f": {one_line(lines[-1], 200)}" if lines else ""
+    return f"workdir/ could not be written over {workdir}{detail}"
 
 
 def _is_root(user: str | None) -> bool:
@@ -57,6 +70,10 @@ class _Turn:
     mask_reason: str | None = None
     prep_kind: str | None = None
     engine_error: bool = False
+    #: What went wrong, in a few words without the task or step (the engine prefixes them; no env values).
+    cause: str | None = None
+    #: The phase running now (``prepare``, ``agent``, ``artifacts``, ``verify``), for the deadline's message.
+    phase: str | None = None
     prelude: Script | None = None
     prelude_stdin: bytes | None = None
     art_snapshot: bool = False
@@ -69,6 +86,7 @@ class _timed:
         self.t, self.name = t, name
 
     def __enter__(self) -> None:
+        self.t.phase = self.name
         self.start = time.monotonic()
 
     def __exit__(self, *exc: Any) -> None:

@@ -191,7 +191,9 @@ class _VerifyPhase:
         if not missing:
             return False
         t.masked, t.mask_reason = True, "verifier_error"
-        _log.warning("verifier of %s masked: missing %s (VER-11)", t.step.name, [m[0] for m in missing if m])
+        names = [m[0] for m in missing if m]
+        t.cause = f"verifier masked (VER-11): the verifier sandbox lacks {', '.join(names) or 'a needed tool'}"
+        _log.warning("verifier of %s masked: missing %s (VER-11)", t.step.name, names)
         return True
 
     def _write_verifier_logs(self, t: _Turn, sb: Sandbox, flags: Any) -> None:

@@ -66,6 +66,8 @@ class TurnRow(BaseModel):
     reward_valid: bool = Field(description="A valid reward file was read (RWD-1..3).")
     masked: bool = Field(description="The turn was masked (VER-11).")
     failure_kind: str | None = Field(description="e.g. harbor:step_setup_failed; None when none.")
+    failure_message: str | None = Field(None, description="One line naming the task, the step and the cause when "
+                                                          "failure_kind is set or the turn was masked, else None.")
     min_reward_missed: bool = Field(description="STOP-2..4.")
     verifier_mode: str | None = Field(description="shared/separate when the verifier ran, else None.")
     agent_status: str | None = Field(description="completed/timeout/error; None when the agent did not run.")
@@ -127,6 +129,7 @@ def turn_row(record: Any) -> TurnRow:
         reward_valid=bool(record.reward_valid),
         masked=bool(record.masked),
         failure_kind=record.failure_kind,
+        failure_message=_record_attr(record, "failure_message"),
         min_reward_missed=bool(record.min_reward_missed),
         verifier_mode=record.verifier_mode,
         agent_status=record.agent_status,
@@ -143,7 +146,8 @@ def _reason(result: Any) -> str:
     detail = ""
     if last is not None and getattr(last, "mask_reason", None):
         detail = f" (mask reason: {last.mask_reason})"
-    return f"{kind}{where}{detail}"
+    message = getattr(result, "failure_message", None) or (getattr(last, "failure_message", None) if last else None)
+    return f"{kind}{where}{detail}" + (f": {message}" if message else "")
 
 
 def rows_from_episode(

@@ -22,10 +22,12 @@ def test_gym_8_record_fields():
     gym8 = {"step_name", "index", "reward", "verifier_rewards", "reward_valid", "masked", "verifier_mode",
             "failure_kind", "min_reward_missed", "agent_status", "exit_code", "output_tail", "manifest", "log_dir",
             "timings"}
-    assert {f.name for f in dataclasses.fields(TurnRecord)} == gym8 | {"task_id", "instruction", "mask_reason"}
+    assert {f.name for f in dataclasses.fields(TurnRecord)} == gym8 | {"task_id", "instruction", "mask_reason",
+                                                                       "failure_message"}
     ep = {"reward", "verifier_rewards", "strategy", "verifier_mode", "turns", "stopped_after_turn", "masked",
           "graded", "failure_kind", "retryable", "response"}
-    assert {f.name for f in dataclasses.fields(EpisodeResult)} == ep | {"task_id", "log_dir", "timings"}
+    assert {f.name for f in dataclasses.fields(EpisodeResult)} == ep | {"task_id", "log_dir", "timings",
+                                                                        "failure_message"}
 
 
 # SPEC: GYM-8
@@ -39,3 +41,16 @@ def test_gym_8_frozen_picklable_jsonable():
     assert pickle.loads(pickle.dumps(res)) == res
     data = json.loads(json.dumps(TurnResult(rec, True, False, res).to_dict()))
     assert data["episode"]["turns"][0]["manifest"][0]["origin"] == "convention"
+
+
+# SPEC: STOP-8 (the cause reaches the user)
+def test_failure_message_defaults_none_and_round_trips():
+    assert _record().failure_message is None
+    msg = "t: step s: sandbox hg-t-1a2b3c died: gone"
+    rec = dataclasses.replace(_record(), failure_kind="harbor_gym:sandbox_outage", failure_message=msg)
+    res = EpisodeResult(task_id="t", reward=None, verifier_rewards={}, strategy="mean", verifier_mode=None,
+                        turns=(rec,), stopped_after_turn=None, masked=False, graded=False,
+                        failure_kind="harbor_gym:sandbox_outage", retryable=True, failure_message=msg)
+    assert pickle.loads(pickle.dumps(res)) == res
+    data = json.loads(json.dumps(res.to_dict()))
+    assert data["failure_message"] == msg and data["turns"][0]["failure_message"] == msg

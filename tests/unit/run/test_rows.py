@@ -74,3 +74,20 @@ def test_episode_seed_is_stable_and_distinct():
     seeds = {episode_seed(s, t, k) for s in (0, 1) for t in ("cake", "gated-counter") for k in range(3)}
     assert len(seeds) == 12 and all(0 <= s < 2**31 for s in seeds)
     assert episode_seed(0, "cake", 0) == 403588438  # pinned: reruns on any machine get the same seeds
+
+
+def test_failure_message_reaches_the_turn_row_and_the_reason():
+    # SPEC: STOP-5 (the failure row names the task, the step and the cause)
+    import dataclasses
+
+    msg = "t: step a: setup.sh exited 3"
+    turn = dataclasses.replace(_turn("a", 0, None, failure="harbor:step_setup_failed", valid=False),
+                               failure_message=msg)
+    result = dataclasses.replace(_result([turn], reward=None, graded=False, failure="harbor:step_setup_failed"),
+                                 failure_message=msg)
+    row = rows_from_episode(result, **KEY)
+    assert isinstance(row, FailureRow) and row.turns[0].failure_message == msg
+    assert "harbor:step_setup_failed" in row.reason and row.reason.endswith(msg)
+    assert FailureRow.model_validate_json(row.model_dump_json()) == row
+    graded = rows_from_episode(_result([_turn("a", 0, 1.0)], reward=1.0), **KEY)
+    assert graded.turns[0].failure_message is None
