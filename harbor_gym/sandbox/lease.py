@@ -9,6 +9,15 @@ container). ``harbor-gym gc`` reads the same files to tell a live run from a dea
 
 On normal paths everything is removed on stop, on exceptions, on Ctrl-C (context managers) and at interpreter exit
 (`atexit` stops every registered sandbox, then releases the lease).
+
+SIGTERM: Python's default ends the process at once, skipping ``finally`` blocks, context managers and `atexit`. So
+the first time a sandbox is registered from the main thread (or `exit_on_sigterm` is called there, as
+`HarborVectorEnv` and `prewarm` do, whose sandboxes register from worker threads), harbor_gym installs a SIGTERM
+handler raising ``SystemExit(143)`` (128 + SIGTERM) in the main thread, so the process takes the same clean-up path
+as Ctrl-C and exits with status 143. It does so once and only if SIGTERM still has Python's default handler
+(``SIG_DFL``): a handler of the program's own (such as ``harbor-gym``'s, which turns SIGTERM into Ctrl-C) is never
+replaced. A process that never registers a sandbox or calls `exit_on_sigterm` from its main thread keeps the
+default, and its sandboxes are left to their leases.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import atexit
 import logging
 import math
 import os
+import signal
 import threading
 import time
 import uuid
@@ -34,6 +44,7 @@ __all__ = [
     "register",
     "unregister",
     "stop_all",
+    "exit_on_sigterm",
 ]
 
 log = logging.getLogger("harbor_gym.sandbox")
@@ -203,8 +214,10 @@ def _ensure_atexit() -> None:
 
 
 def register(sandbox: _Stoppable) -> None:
-    """Remember a sandbox that is being started so that `stop_all` (at interpreter exit) stops it."""
+    """Remember a sandbox that is being started so that `stop_all` (at interpreter exit) stops it. From the main
+    thread, also installs the SIGTERM handler of `exit_on_sigterm` (once)."""
     _ensure_atexit()
+    exit_on_sigterm()
     _live[id(sandbox)] = sandbox
 
 
@@ -221,6 +234,35 @@ def stop_all() -> None:
         except Exception as exc:  # keep stopping the others; the lease removes what this misses
             log.warning("stopping %r at exit failed: %s", sandbox, exc)
     _live.clear()
+
+
+_sigterm_decided = False
+
+
+def _sigterm_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_sigterm() -> bool:
+    """Make SIGTERM take the Ctrl-C path: install, in the main thread, a handler raising ``SystemExit(143)``, so
+    that ``finally`` blocks, context managers and `atexit` run and remove this process's sandboxes.
+
+    Decided once per process, at the first call from the main thread: installed only if SIGTERM has Python's
+    default handler (``SIG_DFL``), never over a handler of the program's own. Calls from other threads do nothing
+    (the next call from the main thread decides). Returns True iff this call installed the handler.
+    """
+    global _sigterm_decided
+    if _sigterm_decided or threading.current_thread() is not threading.main_thread():
+        return False
+    _sigterm_decided = True
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return False
+        signal.signal(signal.SIGTERM, _sigterm_exit)
+    except (ValueError, OSError) as exc:  # not the main interpreter, or no signals here: keep the default
+        log.debug("SIGTERM handler not installed: %s", exc)
+        return False
+    return True
 
 
 def _at_exit() -> None:

@@ -49,9 +49,11 @@ def prewarm(path: str | Path, *, size: int, config: EnvConfig | Mapping[str, Any
     from harbor_gym.episode._seedplan import seed_plan
     from harbor_gym.episode._spec import agent_spec
     from harbor_gym.errors import HarborGymError
+    from harbor_gym.sandbox.lease import exit_on_sigterm
     from harbor_gym.sandbox.pool import pool_factory
     from harbor_gym.task import load_dataset, load_task
 
+    exit_on_sigterm()  # pool sandboxes register from the pools' threads: SIGTERM must still take the Ctrl-C path
     cfg = EnvConfig.coerce(dict(config) if isinstance(config, Mapping) else config)
     root = Path(path)
     if (root / "task.toml").is_file():

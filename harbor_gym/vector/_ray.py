@@ -22,7 +22,10 @@ __all__ = ["RaySubEnv", "make_ray_subenvs", "RemoteEnvError"]
 
 log = logging.getLogger("harbor_gym.vector")
 
-_DEFAULT_OPTIONS: dict[str, Any] = {"num_cpus": 0, "scheduling_strategy": "SPREAD", "max_restarts": 0}
+#: ``max_concurrency=2``: the vector env calls one sub-env at a time, except ``close``, which must run beside a busy
+#: ``step`` (it stops the env's sandboxes, so the turn ends at once as an outage) instead of queueing behind it.
+_DEFAULT_OPTIONS: dict[str, Any] = {"num_cpus": 0, "scheduling_strategy": "SPREAD", "max_restarts": 0,
+                                    "max_concurrency": 2}
 #: Bound of an actor's ``close`` (its env and its pools) before the actor is killed anyway.
 _CLOSE_TIMEOUT_S = 120.0
 

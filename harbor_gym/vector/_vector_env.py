@@ -11,12 +11,21 @@ carries ``error`` (the cause as text), ``error_type`` and ``error_stage`` (``"st
 whose reset failed has no episode: its next step runs no action and is reported ``truncated`` with the same cause,
 after which it is reset again (``same-step``/``next-step``) or waits for ``reset(options={"reset_mask": ...})``
 (``disabled``).
+
+Close and interrupts (SPEC GYM-7): ``close`` never waits behind a running turn. It stops every sub-env's sandboxes
+from the calling thread (each sub-env in a short-lived thread of its own, never in the worker pool), so an in-flight
+turn's exec fails at once and ends as an outage; it then lets the workers finish (bounded by `INFLIGHT_BOUND_S`) and
+closes again whatever a reset racing the first pass started. A ``KeyboardInterrupt`` (Ctrl-C) or ``SystemExit`` (the
+SIGTERM handler of `harbor_gym.sandbox.lease.exit_on_sigterm`, installed by the constructor) raised while ``reset``
+or ``step`` waits for the sub-envs closes the vector env that way, then propagates: ``try: venv.step(...)
+finally: venv.close()`` (or no ``finally`` at all) leaves nothing running within seconds, mid-turn.
 """
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from copy import deepcopy
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -30,12 +39,16 @@ from harbor_gym.errors import ConfigError, HarborGymError, ResetNeededError
 from harbor_gym.spaces import ScriptSpace, observation_space
 from harbor_gym.vector._subenv import EnvRecipe, LocalSubEnv, SubEnv
 
-__all__ = ["HarborVectorEnv", "EXECUTORS"]
+__all__ = ["HarborVectorEnv", "EXECUTORS", "INFLIGHT_BOUND_S"]
 
 log = logging.getLogger("harbor_gym.vector")
 
 #: Where sub-envs live: worker threads of this process, or Ray actors.
 EXECUTORS = ("thread", "ray")
+
+#: How long ``close`` waits for the workers' in-flight calls once every sandbox was stopped (they end in
+#: milliseconds as outages; a reset still seeding may take this long), before closing the sub-envs once more.
+INFLIGHT_BOUND_S = 10.0
 
 _MODES = {m.value: m for m in AutoresetMode}
 
@@ -74,7 +87,8 @@ class HarborVectorEnv(VectorEnv):
         pool_size: warm sandboxes kept per sandbox spec in each process hosting sub-envs; ``None``:
             ``config.pool_size`` if set, else ``num_envs`` (thread) or 1 (each Ray actor); ``0``: no pool.
         max_workers: worker threads (default ``num_envs``).
-        ray_actor_options: extra ``.options()`` of the Ray actors (default: ``num_cpus=0``, ``SPREAD``).
+        ray_actor_options: extra ``.options()`` of the Ray actors (default: ``num_cpus=0``, ``SPREAD``,
+            ``max_concurrency=2`` so that ``close`` runs beside a busy ``step``).
 
     Raises:
         ConfigError: bad arguments (named). TaskLoadError: the folder is refused (no sandbox starts).
@@ -136,8 +150,13 @@ class HarborVectorEnv(VectorEnv):
                 raise ConfigError(f"{path}: not a task folder or a folder of task folders", field="path")
             plain = pooled.model_dump(mode="json")
             recipes = [EnvRecipe(path=str(resolved), config=plain, use_pool=pool_size > 0) for _ in range(n)]
+        from harbor_gym.sandbox.lease import exit_on_sigterm
+
+        exit_on_sigterm()  # its sandboxes register from worker threads: SIGTERM must still take the Ctrl-C path
         self._threads = ThreadPoolExecutor(max_workers=max_workers or n, thread_name_prefix="harbor-gym-vector")
-        self._closed_flag = False
+        self._closed_flag = False  # no new work (set first by close)
+        self._close_done = False  # every sub-env closed (an interrupted close can be repeated)
+        self._inflight: list[Future] = []
         self._subs: list[SubEnv] = []
         try:
             self._subs = self._make_subs(recipes, ray_actor_options)
@@ -219,7 +238,7 @@ class HarborVectorEnv(VectorEnv):
         elif not mask.any():
             raise ValueError("options['reset_mask'] must select at least one sub-env")
         picked = [i for i in range(n) if mask[i]]
-        results = list(self._threads.map(lambda i: self._reset_one(i, seeds[i], options), picked))
+        results = self._run_all(lambda i: self._reset_one(i, seeds[i], options), picked)
         infos: dict[str, Any] = {}
         for i, (obs, info) in zip(picked, results):
             self._env_obs[i] = obs
@@ -254,7 +273,7 @@ class HarborVectorEnv(VectorEnv):
             if self.autoreset_mode is AutoresetMode.DISABLED and self._autoreset_envs[i]:
                 raise ResetNeededError(f"sub-env {i} has ended; reset it with reset(options={{'reset_mask': m}}) "
                                        "before stepping it (autoreset_mode='disabled')", field="step", rule="GYM-7")
-        results = list(self._threads.map(self._step_one, range(self.num_envs), actions))
+        results = self._run_all(self._step_one, range(self.num_envs), actions)
         infos: dict[str, Any] = {}
         for i, (obs, reward, term, trunc, info) in enumerate(results):
             self._env_obs[i] = obs
@@ -269,19 +288,44 @@ class HarborVectorEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Close every sub-env (one failure does not stop the rest), then the warm pools this env's config uses.
-        Idempotent."""
-        if self._closed_flag:
+
+        Never queued behind a running turn (see the module docstring): sandboxes are stopped from the calling
+        thread, in-flight calls are awaited for at most `INFLIGHT_BOUND_S`, then the sub-envs are closed once more.
+        Idempotent; a close cut short (a second Ctrl-C) is completed by the next call."""
+        if self._close_done:
             return
         self._closed_flag = True
         try:
             self._close_subs()
         finally:
-            self._threads.shutdown(wait=True)
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            _, late = wait(self._inflight, timeout=INFLIGHT_BOUND_S)
+            if late:
+                log.warning("%d sub-env call(s) still running %.0f s after close stopped their sandboxes",
+                            len(late), INFLIGHT_BOUND_S)
+            self._close_subs()  # what a reset racing the first pass started
             if self.executor == "thread" and self.pool_size:
                 _close_pools_of(self._pool_config)
+        self._close_done = True
+
+    def _run_all(self, fn: Callable[..., Any], *iterables: Any) -> list[Any]:
+        """``fn`` over the argument lists in the workers, results in order. An interrupt while waiting
+        (``KeyboardInterrupt``, ``SystemExit``) closes the vector env (every sandbox stopped, in-flight turns ended
+        as outages), then propagates."""
+        futures = [self._threads.submit(fn, *args) for args in zip(*iterables)]
+        self._inflight = futures
+        try:
+            return [future.result() for future in futures]
+        except (KeyboardInterrupt, SystemExit):
+            self.close()
+            raise
 
     # --- one sub-env (runs in a worker thread; never raises) ---------------------------------------------
     def _reset_one(self, i: int, seed: int | None, options: dict[str, Any]) -> tuple[dict, dict]:
+        if self._closed_flag:  # closing: start nothing (an autoreset after an interrupted turn)
+            info = {"error": "ResetNeededError: the vector env was closed", "error_type": "ResetNeededError",
+                    "error_stage": "reset", "retryable": False}
+            return self._placeholder(i), info
         try:
             obs, info = self._subs[i].reset(seed, dict(options) if options else None)
         except Exception as exc:  # the sub-env's fault stays the sub-env's (GYM-2)
@@ -319,7 +363,10 @@ class HarborVectorEnv(VectorEnv):
     def _fault(self, i: int, exc: BaseException, stage: str) -> dict[str, Any]:
         kind = getattr(exc, "type_name", None) or type(exc).__name__  # a remote error names its own type
         cause = f"{kind}: {exc}"
-        log.warning("sub-env %d: %s failed: %s", i, stage, cause, exc_info=not isinstance(exc, HarborGymError))
+        if self._closed_flag:  # a call cut short by close: expected, not worth a traceback
+            log.debug("sub-env %d: %s ended by close: %s", i, stage, cause)
+        else:
+            log.warning("sub-env %d: %s failed: %s", i, stage, cause, exc_info=not isinstance(exc, HarborGymError))
         info = {"error": cause, "error_type": kind, "error_stage": stage,
                 "retryable": bool(getattr(exc, "retryable", True))}
         self._broken[i] = cause
@@ -343,15 +390,24 @@ class HarborVectorEnv(VectorEnv):
                                    rule="GYM-7")
 
     def _close_subs(self) -> None:
-        first: BaseException | None = None
-        futures = [self._threads.submit(sub.close) for sub in self._subs]
-        for future in futures:
+        """Close every sub-env at once, each in a short-lived thread of its own (the workers may be busy with
+        turns: a close queued behind them would wait the turns out); one failure does not stop the rest."""
+        errors: list[BaseException] = []
+
+        def close(sub: SubEnv) -> None:
             try:
-                future.result()
+                sub.close()
             except Exception as exc:  # close every sub-env, then report the first failure
-                first = first or exc
-        if first is not None:
-            log.warning("closing a sub-env failed: %s", first)
+                errors.append(exc)
+
+        closers = [threading.Thread(target=close, args=(sub,), name="harbor-gym-vector-close", daemon=True)
+                   for sub in self._subs]
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join()
+        if errors:
+            log.warning("closing a sub-env failed: %s", errors[0])
 
     def __repr__(self) -> str:
         return (f"HarborVectorEnv(num_envs={self.num_envs}, executor={self.executor!r}, "
