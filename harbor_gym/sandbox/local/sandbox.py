@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import re
 import secrets
 import select
@@ -40,27 +39,19 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
 
-from harbor_gym.errors import SandboxError, SandboxPathError, SandboxUnavailableError
-from harbor_gym.sandbox import archives
+from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import lease as leases
-from harbor_gym.sandbox.base import ExecResult, SandboxSettings, SandboxSpec, SandboxState
+from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec, SandboxState
 from harbor_gym.sandbox.local import _cgroups, _rootfs
+from harbor_gym.sandbox.local._exec import _CAPS, LocalExecMixin
+from harbor_gym.sandbox.local._files import LocalFilesMixin
 
 __all__ = ["LocalSandbox", "local_root", "local_unavailable_reason"]
 
 _KEEPER = Path(__file__).with_name("_keeper.py")
-_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Docker's default capability set; root inside a local sandbox gets exactly these (never CAP_SYS_ADMIN).
-_CAPS = (
-    "chown", "dac_override", "fsetid", "fowner", "mknod", "net_raw", "setgid", "setuid", "setfcap", "setpcap",
-    "net_bind_service", "sys_chroot", "kill", "audit_write",
-)
 _TASK_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
 _START_TIMEOUT_S = 30.0
-_MISSING_EXIT = 44
-_NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 
 
 def local_root() -> Path:
@@ -88,7 +79,7 @@ def _slug(text: str) -> str:
     return (re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "sandbox")[:30]
 
 
-class LocalSandbox:
+class LocalSandbox(LocalExecMixin, LocalFilesMixin):
     """A sandbox on bubblewrap over an unpacked root filesystem (see the module docstring). Implements `Sandbox`.
 
     Args:
@@ -96,6 +87,9 @@ class LocalSandbox:
             ``rootfs_aliases``).
         settings: host settings (aliases, lease TTL, output cap).
         lease: the lease the sandbox is bound to (default: the process's lease).
+
+    Commands (`exec`) come from `LocalExecMixin` (``_exec.py``), file transfer (`put`, `put_bytes`, `get`,
+    `read_file`) from `LocalFilesMixin` (``_files.py``); this class starts, watches and stops the sandbox.
 
     Attributes:
         backend: ``"local"``.
@@ -343,227 +337,3 @@ class LocalSandbox:
 
     def __repr__(self) -> str:
         return f"LocalSandbox(name={self.name!r}, image={self.spec.image!r}, state={self._state.value})"
-
-    # --- commands ----------------------------------------------------------------------------------------
-    def _require_running(self) -> int:
-        if not self.is_alive():
-            raise SandboxError(f"local sandbox {self.name} is not running ({self._state.value})", field="exec")
-        return self._pid  # type: ignore[return-value]
-
-    def _require_folder(self, pid: int, path: str) -> None:
-        """Raise `SandboxPathError` unless ``path`` is a folder inside the sandbox."""
-        try:
-            fd = _rootfs.open_in_root(f"/proc/{pid}/root", path, flags=os.O_PATH | os.O_DIRECTORY)
-        except OSError as exc:
-            if not self.is_alive():
-                raise SandboxError(f"local sandbox {self.name} is not running", field="exec") from exc
-            raise SandboxPathError(f"no such folder in local sandbox {self.name}", path=path, field="cwd") from exc
-        os.close(fd)
-
-    def _argv(self, pid: int, command: str | Sequence[str], user: str, cwd: str) -> tuple[list[str], _rootfs.UserInfo]:
-        info = _rootfs.resolve_user(f"/proc/{pid}/root", user)
-        argv = self._join_cgroups_prefix()
-        # -w without a path: the sandbox PID 1's cwd ("/"); nsenter would open a given path on the host.
-        argv += [_NSENTER, "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
-        if self._setpriv is None:
-            argv += ["-S", str(info.uid), "-G", str(info.gid), "--"]
-        else:
-            argv += [
-                "--", self._setpriv, f"--reuid={info.uid}", f"--regid={info.gid}",
-                f"--groups={','.join(str(g) for g in info.groups)}",
-                "--bounding-set=-all," + ",".join("+" + c for c in _CAPS), "--inh-caps=-all", "--",
-            ]
-        if isinstance(command, str):
-            argv += ["/bin/sh", "-c", f"cd -- {shlex.quote(cwd)} || exit 126\n{command}"]
-        elif cwd == "/":
-            argv += list(command)
-        else:
-            argv += ["/bin/sh", "-c", 'cd -- "$0" || exit 126; exec "$@"', cwd, *command]
-        return argv, info
-
-    def _run(
-        self, command: str | Sequence[str], *, timeout: float | None, user: str | None, env: Mapping[str, str] | None,
-        cwd: str | None, stdin: bytes | None,
-    ) -> tuple[int, bytes, int, bytes, int, bool, float]:
-        """Run a command; returns (exit code, stdout head, stdout size, stderr head, stderr size, timed out, s)."""
-        pid = self._require_running()
-        t0 = time.monotonic()
-        cwd = _abs(cwd or self.workdir)
-        self._require_folder(pid, cwd)
-        argv, info = self._argv(pid, command, user or self.default_user, cwd)
-        environ = {"PATH": _DEFAULT_PATH, "HOSTNAME": self.name[:63], "HOME": info.home}
-        environ.update(self.spec.env)
-        environ.update(env or {})
-        cap = self.settings.output_cap_bytes
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                proc = subprocess.Popen(
-                    argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=out, stderr=err,
-                    env=environ, start_new_session=True, close_fds=True,
-                )
-            except OSError as exc:
-                raise SandboxError(f"cannot run a command in local sandbox {self.name}: {exc}", field="exec") from exc
-            timed_out = False
-            try:
-                proc.communicate(input=stdin, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                if timed_out or proc.returncode is None:
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                    proc.wait()
-            if not self.is_alive():
-                raise SandboxError(f"local sandbox {self.name} stopped while a command ran", field="exec")
-            code = proc.returncode
-            code = 128 - code if code < 0 else code
-            if timed_out:
-                code = -1
-            heads = []
-            for fh in (out, err):
-                size = os.fstat(fh.fileno()).st_size
-                fh.seek(0)
-                heads.append((fh.read(cap), size))
-        return code, heads[0][0], heads[0][1], heads[1][0], heads[1][1], timed_out, time.monotonic() - t0
-
-    def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout: float | None,
-        user: str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        """Run ``command`` in the sandbox (see `Sandbox.exec`). Returns when the command itself exits; on timeout
-        its whole process group is killed (``timed_out``, exit code ``-1``).
-
-        Raises:
-            SandboxError: the sandbox is not running, or ``user`` is unknown to the sandbox.
-        """
-        code, out, out_size, err, err_size, timed_out, took = self._run(
-            command, timeout=timeout, user=user, env=env, cwd=cwd, stdin=stdin
-        )
-        cap = self.settings.output_cap_bytes
-        stdout, out_cut = _cut(out, out_size, cap)
-        stderr, err_cut = _cut(err, err_size, cap)
-        return ExecResult(
-            exit_code=code, stdout=stdout, stderr=stderr, duration_s=took, timed_out=timed_out,
-            stdout_truncated=out_cut, stderr_truncated=err_cut,
-        )
-
-    def _raw(
-        self, command: Sequence[str], *, stdin: bytes | None = None, timeout: float = 600.0
-    ) -> tuple[int, Path, str]:
-        """Run ``command`` as root; returns (exit code, its uncapped stdout in a temp file the caller removes,
-        the head of its stderr)."""
-        pid = self._require_running()
-        argv, _ = self._argv(pid, command, "root", "/")
-        fd, path = tempfile.mkstemp(prefix="harbor-gym-get-")
-        err = tempfile.TemporaryFile()
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=fd, stderr=err, env={"PATH": _DEFAULT_PATH, "HOME": "/root"},
-                                    start_new_session=True)
-            try:
-                proc.communicate(input=stdin, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            err.seek(0)
-            return proc.returncode, Path(path), err.read(4096).decode(errors="replace").strip()
-        finally:
-            os.close(fd)
-            err.close()
-
-    # --- files -------------------------------------------------------------------------------------------
-    def _owner(self, owner: str | None) -> archives.Owner | None:
-        if owner is None:
-            return None
-        root = f"/proc/{self._require_running()}/root"
-        passwd = (_rootfs.read_in_root(root, "/etc/passwd", 16 << 20) or b"").decode(errors="replace")
-        group = (_rootfs.read_in_root(root, "/etc/group", 16 << 20) or b"").decode(errors="replace")
-        resolved = archives.resolve_owner(owner, passwd, group)
-        if resolved is None:
-            raise SandboxError(f"owner {owner!r} is unknown to local sandbox {self.name}", field="owner")
-        return resolved
-
-    def _untar(self, archive: bytes, *, what: str) -> None:
-        """Extract an archive rooted at ``/`` inside the sandbox, as root, with the sandbox's own tar."""
-        code, out, err = self._raw(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", "/"], stdin=archive)
-        out.unlink(missing_ok=True)
-        if code != 0:
-            raise SandboxError(
-                f"copying into local sandbox {self.name} failed (exit {code}): {err}",
-                path=what, field="put",
-            )
-
-    def put(self, local: Path, dest: str, *, owner: str | None = None, mode: int | None = None) -> None:
-        """Copy a local file to ``dest`` or a local folder's contents into the folder ``dest`` (see `Sandbox.put`).
-
-        Raises:
-            SandboxError: ``local`` is missing, ``owner`` is unknown, or the copy failed.
-        """
-        dest = _abs(dest)
-        archive = archives.tar_local_path(Path(local), dest, owner=self._owner(owner), mode=mode)
-        self._untar(archive, what=dest)
-
-    def put_bytes(self, data: bytes, dest: str, *, owner: str | None = None, mode: int = 0o644) -> None:
-        """Write ``data`` as the file ``dest`` (parents created)."""
-        dest = _abs(dest)
-        self._untar(archives.tar_bytes(data, dest, owner=self._owner(owner), mode=mode), what=dest)
-
-    def get(self, src: str, dest_dir: Path) -> Path:
-        """Copy ``src`` into ``dest_dir/<basename>`` (see `Sandbox.get`).
-
-        Raises:
-            SandboxPathError: ``src`` does not exist. ArchiveError: a member would escape ``dest_dir``.
-        """
-        parent, base = _split(_abs(src))
-        script = f'cd -- "$1" 2>/dev/null && {{ [ -e "$2" ] || [ -L "$2" ]; }} || exit {_MISSING_EXIT}; ' \
-                 'exec tar -c --numeric-owner -f - -- "$2"'
-        code, archive, err = self._raw(["/bin/sh", "-c", script, "sh", parent, base])
-        try:
-            if code == _MISSING_EXIT:
-                raise SandboxPathError(f"no such file or folder in local sandbox {self.name}", path=src, field="get")
-            if code != 0:
-                raise SandboxError(f"reading {src} from local sandbox {self.name} failed (exit {code}): "
-                                   f"{err}", path=src, field="get")
-            with open(archive, "rb") as fh:
-                archives.safe_extract(fh, Path(dest_dir))
-        finally:
-            archive.unlink(missing_ok=True)
-        return Path(dest_dir) / base
-
-    def read_file(self, path: str, *, max_bytes: int) -> bytes | None:
-        """The first ``max_bytes`` of the regular file ``path`` (``None`` if it is not one), read from the host
-        through the sandbox's root without following any link out of it."""
-        pid = self._require_running()
-        try:
-            return _rootfs.read_in_root(f"/proc/{pid}/root", _abs(path), max_bytes)
-        except OSError as exc:
-            raise SandboxError(f"cannot read {path} in local sandbox {self.name}: {exc}", path=path,
-                               field="read_file") from exc
-
-
-def _abs(path: str) -> str:
-    if not path.startswith("/"):
-        raise SandboxPathError("sandbox paths must be absolute", path=path)
-    return posixpath.normpath(path)
-
-
-def _split(path: str) -> tuple[str, str]:
-    parent, base = posixpath.split(path.rstrip("/") or "/")
-    if not base:
-        raise SandboxPathError("a file path is needed, not the root folder", path=path)
-    return parent or "/", base
-
-
-def _cut(head: bytes, size: int, cap: int) -> tuple[str, bool]:
-    text = head.decode("utf-8", errors="replace")
-    if size <= cap:
-        return text, False
-    return text + f"\n[... harbor_gym: output cut at {cap} bytes of {size} ...]\n", True

@@ -1,0 +1,203 @@
+"""Commands in a local sandbox: `LocalExecMixin`, the ``exec`` (nsenter + setpriv) of `LocalSandbox`.
+
+A command enters the sandbox's namespaces (and cgroups) with ``nsenter``, drops to its user with the sandbox's
+own ``setpriv`` (supplementary groups, Docker's capability bounding set `_CAPS`), runs with its output in host
+temporary files cut at ``output_cap_bytes``, and on timeout has its whole process group killed.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from harbor_gym.errors import SandboxError, SandboxPathError
+from harbor_gym.sandbox.base import ExecResult
+from harbor_gym.sandbox.local import _rootfs
+
+if TYPE_CHECKING:
+    from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec, SandboxState
+
+__all__ = ["LocalExecMixin"]
+
+_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Docker's default capability set; root inside a local sandbox gets exactly these (never CAP_SYS_ADMIN).
+_CAPS = (
+    "chown", "dac_override", "fsetid", "fowner", "mknod", "net_raw", "setgid", "setuid", "setfcap", "setpcap",
+    "net_bind_service", "sys_chroot", "kill", "audit_write",
+)
+_NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
+
+
+class LocalExecMixin:
+    """`exec` and the raw root commands that file transfer uses; mixed into `LocalSandbox` (it holds the state)."""
+
+    if TYPE_CHECKING:  # provided by `LocalSandbox`
+        name: str
+        spec: SandboxSpec
+        settings: SandboxSettings
+        _state: SandboxState
+        _pid: int | None
+        _setpriv: str | None
+
+        @property
+        def workdir(self) -> str: ...
+        @property
+        def default_user(self) -> str: ...
+        def is_alive(self) -> bool: ...
+        def _join_cgroups_prefix(self) -> list[str]: ...
+
+    # --- commands ----------------------------------------------------------------------------------------
+    def _require_running(self) -> int:
+        if not self.is_alive():
+            raise SandboxError(f"local sandbox {self.name} is not running ({self._state.value})", field="exec")
+        return self._pid  # type: ignore[return-value]
+
+    def _require_folder(self, pid: int, path: str) -> None:
+        """Raise `SandboxPathError` unless ``path`` is a folder inside the sandbox."""
+        try:
+            fd = _rootfs.open_in_root(f"/proc/{pid}/root", path, flags=os.O_PATH | os.O_DIRECTORY)
+        except OSError as exc:
+            if not self.is_alive():
+                raise SandboxError(f"local sandbox {self.name} is not running", field="exec") from exc
+            raise SandboxPathError(f"no such folder in local sandbox {self.name}", path=path, field="cwd") from exc
+        os.close(fd)
+
+    def _argv(self, pid: int, command: str | Sequence[str], user: str, cwd: str) -> tuple[list[str], _rootfs.UserInfo]:
+        info = _rootfs.resolve_user(f"/proc/{pid}/root", user)
+        argv = self._join_cgroups_prefix()
+        # -w without a path: the sandbox PID 1's cwd ("/"); nsenter would open a given path on the host.
+        argv += [_NSENTER, "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
+        if self._setpriv is None:
+            argv += ["-S", str(info.uid), "-G", str(info.gid), "--"]
+        else:
+            argv += [
+                "--", self._setpriv, f"--reuid={info.uid}", f"--regid={info.gid}",
+                f"--groups={','.join(str(g) for g in info.groups)}",
+                "--bounding-set=-all," + ",".join("+" + c for c in _CAPS), "--inh-caps=-all", "--",
+            ]
+        if isinstance(command, str):
+            argv += ["/bin/sh", "-c", f"cd -- {shlex.quote(cwd)} || exit 126\n{command}"]
+        elif cwd == "/":
+            argv += list(command)
+        else:
+            argv += ["/bin/sh", "-c", 'cd -- "$0" || exit 126; exec "$@"', cwd, *command]
+        return argv, info
+
+    def _run(
+        self, command: str | Sequence[str], *, timeout: float | None, user: str | None, env: Mapping[str, str] | None,
+        cwd: str | None, stdin: bytes | None,
+    ) -> tuple[int, bytes, int, bytes, int, bool, float]:
+        """Run a command; returns (exit code, stdout head, stdout size, stderr head, stderr size, timed out, s)."""
+        pid = self._require_running()
+        t0 = time.monotonic()
+        cwd = _abs(cwd or self.workdir)
+        self._require_folder(pid, cwd)
+        argv, info = self._argv(pid, command, user or self.default_user, cwd)
+        environ = {"PATH": _DEFAULT_PATH, "HOSTNAME": self.name[:63], "HOME": info.home}
+        environ.update(self.spec.env)
+        environ.update(env or {})
+        cap = self.settings.output_cap_bytes
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=out, stderr=err,
+                    env=environ, start_new_session=True, close_fds=True,
+                )
+            except OSError as exc:
+                raise SandboxError(f"cannot run a command in local sandbox {self.name}: {exc}", field="exec") from exc
+            timed_out = False
+            try:
+                proc.communicate(input=stdin, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                if timed_out or proc.returncode is None:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                    proc.wait()
+            if not self.is_alive():
+                raise SandboxError(f"local sandbox {self.name} stopped while a command ran", field="exec")
+            code = proc.returncode
+            code = 128 - code if code < 0 else code
+            if timed_out:
+                code = -1
+            heads = []
+            for fh in (out, err):
+                size = os.fstat(fh.fileno()).st_size
+                fh.seek(0)
+                heads.append((fh.read(cap), size))
+        return code, heads[0][0], heads[0][1], heads[1][0], heads[1][1], timed_out, time.monotonic() - t0
+
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run ``command`` in the sandbox (see `Sandbox.exec`). Returns when the command itself exits; on timeout
+        its whole process group is killed (``timed_out``, exit code ``-1``).
+
+        Raises:
+            SandboxError: the sandbox is not running, or ``user`` is unknown to the sandbox.
+        """
+        code, out, out_size, err, err_size, timed_out, took = self._run(
+            command, timeout=timeout, user=user, env=env, cwd=cwd, stdin=stdin
+        )
+        cap = self.settings.output_cap_bytes
+        stdout, out_cut = _cut(out, out_size, cap)
+        stderr, err_cut = _cut(err, err_size, cap)
+        return ExecResult(
+            exit_code=code, stdout=stdout, stderr=stderr, duration_s=took, timed_out=timed_out,
+            stdout_truncated=out_cut, stderr_truncated=err_cut,
+        )
+
+    def _raw(
+        self, command: Sequence[str], *, stdin: bytes | None = None, timeout: float = 600.0
+    ) -> tuple[int, Path, str]:
+        """Run ``command`` as root; returns (exit code, its uncapped stdout in a temp file the caller removes,
+        the head of its stderr)."""
+        pid = self._require_running()
+        argv, _ = self._argv(pid, command, "root", "/")
+        fd, path = tempfile.mkstemp(prefix="harbor-gym-get-")
+        err = tempfile.TemporaryFile()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                    stdout=fd, stderr=err, env={"PATH": _DEFAULT_PATH, "HOME": "/root"},
+                                    start_new_session=True)
+            try:
+                proc.communicate(input=stdin, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            err.seek(0)
+            return proc.returncode, Path(path), err.read(4096).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
+            err.close()
+
+
+def _abs(path: str) -> str:
+    if not path.startswith("/"):
+        raise SandboxPathError("sandbox paths must be absolute", path=path)
+    return posixpath.normpath(path)
+
+
+def _cut(head: bytes, size: int, cap: int) -> tuple[str, bool]:
+    text = head.decode("utf-8", errors="replace")
+    if size <= cap:
+        return text, False
+    return text + f"\n[... harbor_gym: output cut at {cap} bytes of {size} ...]\n", True
