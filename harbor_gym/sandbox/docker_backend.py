@@ -10,6 +10,9 @@ loopback.
 Engine requests per call (the ``engine_requests`` counter counts them): start = create + start (+ image inspect,
 cached per process); exec = 2 (+1 kill exec on timeout); put/put_bytes = 1 (+2 once per sandbox to read
 ``/etc/passwd`` and ``/etc/group`` when an owner is given by name); get/read_file = 1; stop = 1.
+
+Modules: this one (lifecycle, ``exec``), `_docker_container` (labels, host config and limits, create),
+`_docker_files` (put/get/read_file), `_docker_exec` (the exec wrapper and stream reader).
 """
 
 from __future__ import annotations
@@ -17,19 +20,17 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from harbor_gym.errors import SandboxError, SandboxPathError, SandboxUnavailableError
+from harbor_gym.errors import SandboxError, SandboxPathError
 from harbor_gym.sandbox import _docker_exec as dx
-from harbor_gym.sandbox import archives, images, lease as leases
-from harbor_gym.sandbox._engine import engine_info, get_client, translate_error
+from harbor_gym.sandbox import images, lease as leases
+from harbor_gym.sandbox._docker_container import TTL_LABEL, DockerContainerMixin, storage_limit_supported
+from harbor_gym.sandbox._docker_files import DockerFilesMixin
+from harbor_gym.sandbox._engine import get_client, translate_error
 from harbor_gym.sandbox.base import (
-    MANAGED_LABEL,
-    RUN_LABEL,
     ExecResult,
     SandboxSettings,
     SandboxSpec,
@@ -43,9 +44,6 @@ __all__ = ["DockerSandbox", "TTL_LABEL", "storage_limit_supported"]
 
 log = logging.getLogger("harbor_gym.sandbox")
 
-#: The lease TTL (seconds) a container was started with; ``harbor-gym gc`` judges its run's lease by it.
-TTL_LABEL = "io.harbor-gym.lease-ttl"
-
 #: Host-side grace after a command's timeout for the kill and the wrapper's report.
 KILL_GRACE_S = 10.0
 #: Without a timeout, how often a quiet exec checks that its container still lives.
@@ -54,19 +52,7 @@ POLL_S = 15.0
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_.-]+")
 
 
-def storage_limit_supported(info: Mapping[str, Any]) -> bool:
-    """True iff the engine can enforce a per-container storage size (overlay2 on xfs; devicemapper; btrfs; zfs).
-
-    overlay2 on xfs additionally needs the ``pquota`` mount option, which the engine reports only when a
-    container is created; such a refusal is turned into `SandboxUnavailableError` then."""
-    driver = str(info.get("Driver", ""))
-    status = {str(k): str(v) for k, v in (info.get("DriverStatus") or [])}
-    if driver == "overlay2":
-        return status.get("Backing Filesystem", "").lower() == "xfs"
-    return driver in ("devicemapper", "btrfs", "zfs", "windowsfilter")
-
-
-class DockerSandbox:
+class DockerSandbox(DockerContainerMixin, DockerFilesMixin):
     """A `Sandbox` backed by one Docker container.
 
     Args:
@@ -74,6 +60,10 @@ class DockerSandbox:
         settings: host settings (pull policy, aliases, lease TTL, output cap).
         client: a Docker SDK client (default: the process's shared one); inject one to count engine requests.
         lease: the lease the container is bound to (default: the process's lease).
+
+    Container creation and limits come from `DockerContainerMixin` (``_docker_container.py``), file transfer
+    (`put`, `put_bytes`, `get`, `read_file`) from `DockerFilesMixin` (``_docker_files.py``); this class holds
+    the lifecycle and `exec`.
 
     Attributes:
         backend: ``"docker"``.
@@ -158,91 +148,6 @@ class DockerSandbox:
         except BaseException:
             self.stop()
             raise
-
-    def _refuse_unenforceable(self) -> None:
-        spec = self.spec
-        if spec.gpus:
-            raise SandboxUnavailableError(
-                f"sandbox {self.name}: gpus={spec.gpus} requested but the docker backend here is CPU-only",
-                field="gpus", rule="LOAD-24")
-        if spec.storage_mb is not None:
-            if not storage_limit_supported(engine_info(self.client)):
-                raise SandboxUnavailableError(
-                    f"sandbox {self.name}: storage_mb={spec.storage_mb} cannot be enforced by this engine's storage "
-                    "driver (needs overlay2 on xfs with pquota, btrfs, zfs or devicemapper)",
-                    field="storage_mb", rule="LOAD-24")
-
-    def _start(self) -> None:
-        import docker.errors
-
-        spec = self.spec
-        lease = self._lease or leases.process_lease()
-        lease.want_ttl(self.settings.lease_ttl_s)
-        self.run_id = lease.run_id
-        self._image = images.ensure_image(self.client, spec, self.settings)
-        labels = {**dict(self.settings.labels), **dict(spec.labels),
-                  MANAGED_LABEL: "true", RUN_LABEL: lease.run_id, TTL_LABEL: f"{self.settings.lease_ttl_s:g}"}
-        api = self.client.api
-        host_config: dict[str, Any] = {
-            "init": True,
-            "auto_remove": True,
-            "network_mode": "bridge" if spec.network else "none",
-            "binds": {str(lease.path): {"bind": leases.LEASE_MOUNT, "mode": "ro"}},
-        }
-        if spec.cpus is not None:
-            host_config["nano_cpus"] = int(spec.cpus * 1e9)
-        if spec.memory_mb is not None:
-            host_config["mem_limit"] = f"{spec.memory_mb}m"
-            host_config["memswap_limit"] = f"{spec.memory_mb}m"
-        if spec.pids_limit is not None:
-            host_config["pids_limit"] = spec.pids_limit
-        if spec.storage_mb is not None:
-            host_config["storage_opt"] = {"size": f"{spec.storage_mb}M"}
-        if spec.tmpfs:
-            host_config["tmpfs"] = {path: f"size={mb}m" for path, mb in spec.tmpfs.items()}
-        try:
-            created = self._create(api, labels, host_config)
-            self.container_id = created["Id"]
-            api.start(self.container_id)
-            self._count()
-        except docker.errors.APIError as exc:
-            text = str(getattr(exc, "explanation", "") or exc)
-            if spec.storage_mb is not None and ("storage-opt" in text or "quota" in text):
-                raise SandboxUnavailableError(
-                    f"sandbox {self.name}: storage_mb cannot be enforced here: {text}", field="storage_mb",
-                    rule="LOAD-24") from exc
-            translate_error(exc, what="create and start the container", sandbox=self.name)
-        except Exception as exc:
-            translate_error(exc, what="create and start the container", sandbox=self.name)
-        self._state = SandboxState.RUNNING
-        log.debug("sandbox %s started (container %s, image %s)", self.name, self.container_id, self._image.ref)
-
-    def _create(self, api: Any, labels: dict[str, str], host_config: dict[str, Any]) -> dict:
-        """Create the container; an image removed since it was inspected (gc) is resolved once more."""
-        import docker.errors
-
-        try:
-            return self._create_once(api, labels, host_config)
-        except docker.errors.ImageNotFound:
-            images.forget(self.client, self._image.ref)
-            self._image = images.ensure_image(self.client, self.spec, self.settings)
-            return self._create_once(api, labels, host_config)
-
-    def _create_once(self, api: Any, labels: dict[str, str], host_config: dict[str, Any]) -> dict:
-        spec = self.spec
-        self._count()
-        return api.create_container(
-            self._image.id,
-            command=leases.lease_command(self.settings.lease_ttl_s),
-            entrypoint=[],
-            name=self.name,
-            hostname=self.name[:63],
-            labels=labels,
-            environment=dict(spec.env),
-            working_dir=spec.workdir,
-            user=spec.user,
-            host_config=api.create_host_config(**host_config),
-        )
 
     def stop(self) -> None:
         """Remove the container (killing everything in it). Idempotent; never raises for a dead sandbox."""
@@ -416,133 +321,6 @@ class DockerSandbox:
             raise self._died("exec")
         return int(code)
 
-    # --- files --------------------------------------------------------------------------------------------
-    def _owner(self, owner: str | None) -> archives.Owner | None:
-        if owner is None:
-            return None
-        user, group = archives.parse_owner(owner)
-        if user.isdigit() and (group is None or group.isdigit()) and group is not None:
-            return archives.Owner(int(user), int(group))
-        for attempt in range(2):
-            if self._ids is None or attempt == 1:
-                passwd = self.read_file("/etc/passwd", max_bytes=1 << 22) or b""
-                grp = self.read_file("/etc/group", max_bytes=1 << 22) or b""
-                self._ids = (passwd.decode("utf-8", "replace"), grp.decode("utf-8", "replace"))
-            found = archives.resolve_owner(owner, *self._ids)
-            if found is not None:
-                return found
-        raise SandboxError(f"sandbox {self.name}: owner {owner!r} is not a user (and group) of the sandbox",
-                           field="owner")
-
-    def _put_archive(self, data: bytes, dest: str) -> None:
-        cid = self._require_running()
-        try:
-            self.client.api.put_archive(cid, "/", data)
-            self._count()
-        except Exception as exc:
-            self._count()
-            translate_error(exc, what=f"put {dest}", sandbox=self.name)
-
-    def put(self, local: Path, dest: str, *, owner: str | None = None, mode: int | None = None) -> None:
-        """Place the local file at ``dest`` or the local folder's contents into the folder ``dest`` (one archive;
-        owner and mode in its headers; missing parents created root-owned, existing ones untouched)."""
-        self._require_running()
-        data = archives.tar_local_path(Path(local), dest, owner=self._owner(owner), mode=mode)
-        self._put_archive(data, dest)
-
-    def put_bytes(self, data: bytes, dest: str, *, owner: str | None = None, mode: int = 0o644) -> None:
-        """Write ``data`` as the file ``dest`` (parents created)."""
-        self._require_running()
-        self._put_archive(archives.tar_bytes(data, dest, owner=self._owner(owner), mode=mode), dest)
-
-    def get(self, src: str, dest_dir: Path) -> Path:
-        """Copy ``src`` into ``dest_dir/<basename>``; escaping members are refused (`ArchiveError`) before
-        anything is written.
-
-        Raises:
-            SandboxPathError: ``src`` does not exist.
-        """
-        cid = self._require_running()
-        try:
-            stream, _stat = self.client.api.get_archive(cid, src, chunk_size=1 << 20)
-            self._count()
-            with tempfile.SpooledTemporaryFile(max_size=64 << 20) as spool:
-                for chunk in stream:
-                    spool.write(chunk)
-                spool.seek(0)
-                tops = archives.safe_extract(spool, Path(dest_dir))
-        except (SandboxError, archives.ArchiveError):
-            raise
-        except Exception as exc:
-            self._count()
-            translate_error(exc, what=f"get {src}", sandbox=self.name, path=src)
-        name = tops[0] if tops else src.rstrip("/").rsplit("/", 1)[-1]
-        return Path(dest_dir) / name
-
-    def read_file(self, path: str, *, max_bytes: int, _hops: int = 0) -> bytes | None:
-        """The first ``max_bytes`` bytes of the regular file ``path`` (a symlink is followed); ``None`` if it is
-        missing or not a regular file. One engine request; reads only as much of the archive as needed."""
-        import docker.errors
-
-        cid = self._require_running()
-        try:
-            stream, stat = self.client.api.get_archive(cid, path, chunk_size=1 << 16)
-        except docker.errors.NotFound as exc:
-            self._count()
-            if "no such container" in str(getattr(exc, "explanation", "") or exc).lower():
-                translate_error(exc, what=f"read {path}", sandbox=self.name)
-            return None
-        except Exception as exc:
-            self._count()
-            translate_error(exc, what=f"read {path}", sandbox=self.name, path=path)
-        self._count()
-        mode = int(stat.get("mode", 0))
-        link = stat.get("linkTarget") or ""
-        if mode & (1 << 27) and link and _hops < 8:
-            stream.close() if hasattr(stream, "close") else None
-            return self.read_file(link, max_bytes=max_bytes, _hops=_hops + 1)
-        if mode & (1 << 31) or mode & (1 << 27) or mode & ((1 << 26) | (1 << 25) | (1 << 24) | (1 << 21)):
-            stream.close() if hasattr(stream, "close") else None
-            return None  # a folder, link, device, pipe or socket (Go's os.FileMode bits)
-        size = int(stat.get("size", 0))
-        want = 512 + min(size, max_bytes)
-        buf = bytearray()
-        try:
-            for chunk in stream:
-                buf += chunk
-                if len(buf) >= want:
-                    break
-        except Exception as exc:
-            translate_error(exc, what=f"read {path}", sandbox=self.name, path=path)
-        finally:
-            if hasattr(stream, "close"):
-                stream.close()
-        return _first_member_data(bytes(buf), max_bytes)
-
-
-def _first_member_data(buf: bytes, max_bytes: int) -> bytes | None:
-    """The data of the first member of a (possibly truncated) tar stream, up to ``max_bytes``."""
-    import tarfile
-
-    offset = 0
-    # skip PAX / GNU long-name headers
-    for _ in range(4):
-        if len(buf) < offset + 512:
-            return None
-        header = buf[offset:offset + 512]
-        kind = header[156:157]
-        size = int(header[124:136].strip(b"\0 ") or b"0", 8)
-        if kind in (b"x", b"g", b"L", b"K"):
-            offset += 512 + ((size + 511) // 512) * 512
-            continue
-        if kind not in (b"0", b"\0", b"7"):
-            return None
-        try:
-            tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
-        except tarfile.HeaderError:
-            return None
-        return buf[offset + 512: offset + 512 + min(size, max_bytes)]
-    return None
 
 
 def _decode(data: bytes, total: int, cap: int) -> tuple[str, bool]:
