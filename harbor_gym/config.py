@@ -185,6 +185,12 @@ class EnvConfig(BaseModel):
     lease_ttl_s: float = Field(
         60.0, ge=5, description="A sandbox whose lease is not renewed for this long removes itself."
     )
+    pids_limit: int | None = Field(
+        4096, ge=1, description="Pids per sandbox (agent sandbox, separate verifier sandboxes, compose service "
+        "main), so that a fork bomb cannot reach the host; None: no limit. The task format has no such field, so "
+        "this is a harness guard. The local backend enforces it through a pids cgroup and refuses to start where "
+        "it cannot (LOAD-24): set None there.",
+    )
     labels: dict[str, str] = Field(
         default_factory=dict,
         description="Extra labels on every container this config starts (e.g. an experiment id); {}: none.",

@@ -213,7 +213,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         seed_refusals(self.task, self.config, self.agent, backend=self._backend_name(), separate_steps=separate)
         self._env = resolved_env(self.task.config.environment.env, where="environment.env")
         self._solution_env = resolved_env(self.task.config.solution.env, where="solution.env")
-        spec = agent_spec(self.task, env=self._env)
+        spec = agent_spec(self.task, env=self._env, pids_limit=self.config.pids_limit)
         self._agent_spec = spec
         self._clock = DeadlineClock(self._deadline(), wall=self.config.deadline_clock.value == "wall")
         self._logs = EpisodeLogs(self.config.logs_root, self.task.id)

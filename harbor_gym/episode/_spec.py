@@ -12,7 +12,8 @@ from harbor_gym.errors import SeedRefusedError
 from harbor_gym.sandbox.base import SandboxSpec
 from harbor_gym.task import EnvironmentConfig, ImageSourceKind, NetworkMode, Step, Task, resolve_env_templates
 
-__all__ = ["agent_spec", "verifier_spec", "seed_refusals", "resolved_env", "TASK_LABEL", "STEP_LABEL"]
+__all__ = ["agent_spec", "verifier_spec", "seed_refusals", "resolved_env", "TASK_LABEL", "STEP_LABEL",
+           "DEFAULT_PIDS_LIMIT"]
 
 #: Label naming the task a sandbox runs (the managed and run labels are added by the backend).
 TASK_LABEL = "io.harbor-gym.task"
@@ -20,6 +21,8 @@ TASK_LABEL = "io.harbor-gym.task"
 COMPOSE_MAIN_PLACEHOLDER = "harbor-gym-compose:main"
 #: Label naming the step a separate verifier sandbox verifies.
 STEP_LABEL = "io.harbor-gym.step"
+#: `EnvConfig.pids_limit`'s default: what `agent_spec` uses when not told (e.g. warm-pool prewarming).
+DEFAULT_PIDS_LIMIT: int | None = EnvConfig.model_fields["pids_limit"].default
 
 
 def resolved_env(env: Mapping[str, str], *, where: str, host_env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -57,9 +60,11 @@ def _check_resources(env: EnvironmentConfig, task: Task, where: str) -> None:
                                rule="LOAD-24")
 
 
-def agent_spec(task: Task, *, env: Mapping[str, str] | None = None) -> SandboxSpec:
+def agent_spec(task: Task, *, env: Mapping[str, str] | None = None,
+               pids_limit: int | None = DEFAULT_PIDS_LIMIT) -> SandboxSpec:
     """The agent sandbox (service ``main``) of ``task``: ``docker_image`` wins over ``environment/Dockerfile``
-    (FMT-10); workdir, resources, network and env from ``[environment]`` (FMT-15 applied unless ``env`` given).
+    (FMT-10); workdir, resources, network and env from ``[environment]`` (FMT-15 applied unless ``env`` given);
+    ``pids_limit`` is the harness guard `EnvConfig.pids_limit` (the task format has no such field; ``None``: none).
 
     Raises:
         SeedRefusedError: LOAD-23/24, or a compose-only environment (COMPOSE-2: no provider here runs groups).
@@ -72,7 +77,7 @@ def agent_spec(task: Task, *, env: Mapping[str, str] | None = None) -> SandboxSp
     common: dict[str, Any] = dict(
         workdir=cfg.workdir, env=dict(env), cpus=cfg.cpus, memory_mb=cfg.memory_mb, storage_mb=cfg.storage_mb,
         network=network, labels={TASK_LABEL: task.id}, name_hint=task.id,
-        build_timeout_s=float(cfg.build_timeout_sec),
+        build_timeout_s=float(cfg.build_timeout_sec), pids_limit=pids_limit,
     )
     if cfg.docker_image:
         return SandboxSpec(image=cfg.docker_image, **common)
@@ -89,7 +94,8 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec) -> tuple[Sandbo
     """VER-3/4: the fresh sandbox a ``separate`` step verifies in, and whether VER-6 uploads the tests.
 
     The table is ``[steps.verifier.environment]``, else ``[verifier.environment]``, else a copy of ``[environment]``
-    (whole tables, never merged); the image follows VER-4's first match (resolved by the task layer).
+    (whole tables, never merged); the image follows VER-4's first match (resolved by the task layer). The pids
+    limit is the agent spec's (the harness guard `EnvConfig.pids_limit`, whatever the table).
 
     Raises:
         SeedRefusedError: LOAD-23/24 for that table, or a compose group.
@@ -112,7 +118,7 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec) -> tuple[Sandbo
         kwargs = dict(workdir=table.workdir, env=dict(spec_env), cpus=table.cpus, memory_mb=table.memory_mb,
                       storage_mb=table.storage_mb, network=_network(table, task, "verifier.environment"),
                       build_timeout_s=float(table.build_timeout_sec))
-    kwargs.update(labels=labels, name_hint=f"{task.id}-verify")
+    kwargs.update(labels=labels, name_hint=f"{task.id}-verify", pids_limit=agent.pids_limit)
     if source.docker_image:
         return SandboxSpec(image=source.docker_image, **kwargs), uploads
     if source.dockerfile is not None:

@@ -62,8 +62,9 @@ class ComposeGroup:
         settings: host settings (aliases, pull policy, lease TTL, output cap).
         main_spec: the agent sandbox's spec from the episode (workdir, env, user, cpus, memory_mb, pids_limit,
             storage_mb, tmpfs, labels); its ``image``/``build_context`` are replaced by service ``main``'s.
-            Unset fields fall back to the compose file's (env: the compose env with the spec's laid over it).
-            ``None``: everything from the compose file.
+            Unset fields fall back to the compose file's (env: the compose env with the spec's laid over it;
+            pids_limit: the tighter of the spec's and the compose file's). ``None``: everything from the compose
+            file.
         network: ``True`` gives the group a route out; ``False`` (default) an internal network on which the
             services still reach each other by name.
         labels: extra labels on every resource.
@@ -239,7 +240,7 @@ class ComposeGroup:
                 workdir=given.workdir or service.working_dir, env={**service.env, **given.env},
                 user=given.user or service.user,
                 cpus=given.cpus if given.cpus is not None else size.cpus,
-                pids_limit=given.pids_limit if given.pids_limit is not None else size.pids,
+                pids_limit=min((p for p in (given.pids_limit, size.pids) if p is not None), default=None),
                 network=self.network_enabled, labels={**given.labels, **member_labels}, name_hint=hint)
             if given.memory_mb is not None:
                 memory_bytes = None  # the spec's memory_mb applies
