@@ -76,7 +76,7 @@ def prewarm(path: str | Path, *, size: int, config: EnvConfig | Mapping[str, Any
                                          skipped=True))
             continue
         try:
-            spec = agent_spec(task)
+            spec = agent_spec(task, pids_limit=cfg.pids_limit)  # the same spec the episodes will ask for
             plan = seed_plan(task)  # the pool episodes claim from: sandboxes seeded ahead (GYM-2)
             pool = get_pool(spec, backend=factory.backend, settings=factory.settings, size=size, prepare=plan.apply,
                             prepare_key=plan.key)

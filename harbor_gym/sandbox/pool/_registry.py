@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from harbor_gym.errors import ConfigError
+from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox.base import Sandbox, SandboxSettings, SandboxSpec
 from harbor_gym.sandbox.pool._pool import PoolState, SandboxPool
 from harbor_gym.sandbox.pool._pooled import PooledSandbox
@@ -62,6 +63,9 @@ def get_pool(spec: SandboxSpec, *, backend: str = "auto", settings: SandboxSetti
     global _atexit_registered
     from harbor_gym import sandbox as sandbox_pkg
 
+    # Pool sandboxes start in background threads, where no SIGTERM handler can be installed: do it here, on the
+    # caller's thread (a no-op off the main thread or when the program has a handler of its own).
+    leases.exit_on_sigterm()
     chosen = sandbox_pkg.choose_backend(backend)
     settings = settings or sandbox_pkg._default_settings()
     if (prepare is None) != (prepare_key is None):
