@@ -34,10 +34,18 @@ fi
 # --- Docker engine -----------------------------------------------------------------------------------------
 if ! timeout 10 docker info >/dev/null 2>&1; then
   log "starting dockerd"
-  # A killed engine leaves its pid files behind; they would stop a new one from starting.
-  if ! pgrep -x dockerd >/dev/null 2>&1; then
-    rm -f /var/run/docker.pid /run/docker.pid /var/run/docker/containerd/containerd.pid
-  fi
+  # A killed engine leaves its pid files behind; they would stop a new one from starting. A pid file is stale when
+  # it names no live process of that name (a zombie left by a killed parent counts as dead).
+  for f in /var/run/docker.pid /run/docker.pid /var/run/docker/containerd/containerd.pid; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f" 2>/dev/null || true)
+    state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1 || true)
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
+    if [ -z "$pid" ] || [ -z "$state" ] || [ "$state" = Z ] || { [ "$comm" != dockerd ] && [ "$comm" != containerd ]; }; then
+      log "removing stale pid file $f"
+      rm -f "$f"
+    fi
+  done
   mkdir -p /var/log
   nohup dockerd >/var/log/harbor-gym-dockerd.log 2>&1 &
   for _ in $(seq 1 120); do
