@@ -29,12 +29,17 @@ class EnvState(enum.Enum):
     CLOSED = "closed"
 
 
-def _as_task(task_or_path: Any):
+def _as_task(task_or_path: Any, config: EnvConfig):
+    """A loaded task, or the folder loaded under ``config`` (its semantics decide LOAD-6 and VER-4)."""
     from harbor_gym.task import Task, load_task
 
     if isinstance(task_or_path, Task):
         return task_or_path
-    return load_task(Path(task_or_path))
+    return load_task(Path(task_or_path), config)
+
+
+def _as_config(config: EnvConfig | Mapping[str, Any] | None) -> EnvConfig:
+    return EnvConfig.coerce(dict(config) if isinstance(config, Mapping) else config)
 
 
 def _exactly_one(given: Any, path: Any, owner: str, name: str) -> Any:
@@ -95,12 +100,12 @@ class HarborEnv(gym.Env[dict, Any]):
     ) -> None:
         source = _exactly_one(task_or_path, path, "HarborEnv", "task_or_path")
         _check_render_mode(render_mode, self.metadata["render_modes"])
-        self.task = _as_task(source)
+        self.task = _as_task(source, _as_config(config))
         _check_turn_bound(self.task)
         self._init_common(config, agent, render_mode, sandbox_factory, with_task_id=False)
 
     def _init_common(self, config, agent, render_mode, sandbox_factory, *, with_task_id: bool) -> None:
-        self.config = EnvConfig.coerce(dict(config) if isinstance(config, Mapping) else config)
+        self.config = _as_config(config)
         self.agent = agent
         self.render_mode = render_mode
         self.observation_space = observation_space(with_task_id=with_task_id)
@@ -295,7 +300,7 @@ class HarborDatasetEnv(HarborEnv):
 
         source = _exactly_one(dataset_or_path, path, "HarborDatasetEnv", "dataset_or_path")
         _check_render_mode(render_mode, self.metadata["render_modes"])
-        self.dataset = source if isinstance(source, Dataset) else load_dataset(Path(source))
+        self.dataset = source if isinstance(source, Dataset) else load_dataset(Path(source), _as_config(config))
         self.failures = dict(self.dataset.failures)
         if not self.dataset.tasks:
             raise TaskLoadError("no task of the dataset loads", path=self.dataset.path, rule="LOAD-1")
