@@ -13,16 +13,17 @@ Each hostile test attacks one of the three promises stated in README.md ("What h
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from harbor_gym.config import EnvConfig
 from harbor_gym.episode import Episode, EpisodeResult, TurnResult
 from harbor_gym.task import load_task
+from task_folders import HEAD, REWARD_0, grade, toml  # noqa: F401  (re-exported for the suite)
+from task_folders import write_task as _write_task
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "harbor-gym/base:bookworm"
@@ -32,60 +33,10 @@ LABEL_FILTER = "=".join(LABEL)
 DOCKER = {"backend": "docker", "labels": dict([LABEL])}
 LOCAL = {"backend": "local", "labels": dict([LABEL])}
 
-HEAD = """schema_version = "1.4"
-{top}
-[environment]
-docker_image = "debian:bookworm-slim"
-workdir = "/app"
-network_mode = "no-network"
-{env}
-[agent]
-timeout_sec = {agent_timeout}
-"""
-
-REWARD_0 = "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n"
-
-
-def grade(check: str, *, then_sleep: float = 0.0) -> str:
-    """A test.sh writing reward 1 iff the shell condition ``check`` holds, else 0 (then sleeping)."""
-    tail = f"sleep {then_sleep}\n" if then_sleep else ""
-    return f"#!/bin/bash\nif {check}; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n{tail}"
-
-
-def toml(steps: Iterable[str] = (), *, top: str = "", env: str = "", agent_timeout: float = 20,
-         verifier_timeout: float = 10, tail: str = "") -> str:
-    """A task.toml: the common head, then each ``[[steps]]`` body (a name, or a TOML fragment with ``=``)."""
-    text = HEAD.format(top=top, env=env, agent_timeout=agent_timeout) + tail
-    for step in steps:
-        body = step if "=" in step else f'name = "{step}"\n[steps.verifier]\ntimeout_sec = {verifier_timeout}\n'
-        text += "\n[[steps]]\n" + body + "\n"
-    return text
-
 
 def write_task(root: Path, files: dict[str, Any], name: str = "hostile-task") -> Path:
-    """Write a task folder ``root/name`` from ``{relpath: text | bytes | (text, mode)}`` (``*.sh`` are 0755 unless
-    a mode is given); every declared step gets an instruction."""
-    import tomllib
-
-    task = root / name
-    for rel, content in files.items():
-        data, mode = content if isinstance(content, tuple) else (content, 0o755 if rel.endswith(".sh") else 0o644)
-        path = task / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(data, bytes):
-            path.write_bytes(data)
-        else:
-            path.write_text(data)
-        os.chmod(path, mode)
-    if (task / "task.toml").exists():
-        for step in tomllib.loads((task / "task.toml").read_text()).get("steps") or []:
-            instr = task / "steps" / step["name"] / "instruction.md"
-            if not instr.exists():
-                instr.parent.mkdir(parents=True, exist_ok=True)
-                instr.write_text(f"Do step {step['name']}.\n")
-    if not (task / "instruction.md").exists():
-        (task / "instruction.md").write_text("Do the task.\n")
-    return task
+    """`task_folders.write_task` with the suite's default folder name."""
+    return _write_task(root, files, name)
 
 
 def config(base: dict | None = None, **over: Any) -> EnvConfig:
