@@ -148,8 +148,12 @@ class EnvConfig(BaseModel):
     separate_verifier_for_artifacts: bool = Field(
         False, description="VER-2: a turn whose task or step declares artifacts verifies `separate`."
     )
-    freeze_agent_during_verify: bool = Field(
-        False, description="Stop the processes agent activations left behind while each verifier runs."
+    freeze_agent_during_verify: bool | Literal["auto"] = Field(
+        "auto",
+        description="GYM-11: while a verifier runs in the agent's sandbox, stop (SIGSTOP) every other process in "
+        "it as the kernel sees it, except init and the verifier's own processes; 'auto' (default) also exempts "
+        "processes holding a listening socket (services), which are listed in the turn record; True stops "
+        "services too; False: the seed's unfrozen behaviour.",
     )
 
     # --- budgets (BUD) ---------------------------------------------------------------------------------
@@ -178,6 +182,34 @@ class EnvConfig(BaseModel):
     )
     rootfs_aliases: dict[str, str] | None = Field(
         None, description="Image name -> unpacked root filesystem folder (local backend). None: host settings."
+    )
+    copy_file_cap_bytes: int = Field(
+        10 << 20, ge=1 << 20, description="GYM-10: real bytes copied out of a sandbox per file (artifacts, "
+        "test-stdout.txt, logs); a longer file is truncated and its manifest entry says `truncated`.",
+    )
+    copy_turn_cap_bytes: int = Field(
+        100 << 20, ge=10 << 20, description="GYM-10: real bytes copied out of a sandbox per turn, all files together; "
+        "past it, further files are truncated or skipped and say so.",
+    )
+    reward_file_cap_bytes: int = Field(
+        64 << 10, ge=1024, description="RWD-1..3/GYM-10: a reward.json or reward.txt longer than this is invalid "
+        "(never truncated, never judged on its first bytes).",
+    )
+    default_storage_mb: int | None = Field(
+        10240, ge=16, description="GYM-10: writable size of a sandbox whose task sets no `storage_mb`. None lifts "
+        "it. A backend that cannot bound size refuses the task at seed, naming why.",
+    )
+    default_memory_mb: int | None = Field(
+        4096, ge=16, description="GYM-10: memory of a sandbox whose task sets no `memory_mb`. None lifts it.",
+    )
+    unfiltered_network: Literal["refuse", "allow"] = Field(
+        "refuse", description="GYM-10: where harbor_gym cannot install its host-side network filter (a remote or "
+        "rootless engine), a task with a public network would reach host services and sibling sandboxes: 'refuse' "
+        "(default) refuses it at seed, naming why; 'allow' runs it unfiltered.",
+    )
+    retry_agent_outages: bool = Field(
+        False, description="GYM-12: retry agent-caused outages like any outage (the seed's rule) in `harbor-gym run` "
+        "and the rollout collector. False (default): an agent-caused outage is a failed rollout, not retried.",
     )
     output_cap_bytes: int = Field(
         1 << 20, ge=1024, description="Cap of each captured stdout/stderr; longer output is cut with a marker."
