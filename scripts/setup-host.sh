@@ -7,6 +7,9 @@
 #   HARBOR_GYM_CACHE        where the base rootfs and settings live (default ~/.cache/harbor_gym)
 #   HARBOR_GYM_PULL_POLICY  pull policy written to the settings (default: never, since this host has no registry)
 #   HARBOR_GYM_SKIP_PIP=1   do not pip-install the project
+#   HARBOR_GYM_ENGINE_ROOT  the engine's data root (default /var/lib/harbor-gym/engine), a btrfs filesystem the engine
+#                           uses with its btrfs storage driver, so that it honours `storage-opt size` (GYM-10)
+#   HARBOR_GYM_ENGINE_FS_GB size of the sparse loop file that holds it when it is not a mount already (default 64)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +25,9 @@ command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+command -v mkfs.btrfs >/dev/null 2>&1 || need+=(btrfs-progs)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     log "missing ${need[*]} and cannot install them (needs root and apt-get)"; exit 1
@@ -32,6 +38,41 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # --- Docker engine -----------------------------------------------------------------------------------------
+# The engine keeps its data on btrfs with its btrfs storage driver, which applies a container's `storage-opt size`
+# as a btrfs qgroup limit: a sandbox's size is bounded by the filesystem itself (a watchdog could not stop
+# `fallocate -l 10G`, which is instant). overlay2 applies `size` only on xfs mounted with project quotas, which needs
+# kernel quota support that this machine's kernel lacks ("XFS: quota support not available"); btrfs qgroups do not.
+# On ext4, Docker's usual set-up, neither works.
+engine_root=${HARBOR_GYM_ENGINE_ROOT:-/var/lib/harbor-gym/engine}
+engine_img=${engine_root%/}.btrfs
+ensure_engine_fs() {
+  if mountpoint -q "$engine_root"; then
+    grep -q " $engine_root btrfs " /proc/mounts && return 0
+    log "$engine_root is mounted but is not btrfs; storage limits will be refused"; return 0
+  fi
+  mkdir -p "$engine_root"
+  if [ ! -f "$engine_img" ]; then
+    log "creating the engine's btrfs data root ($engine_img, sparse, ${HARBOR_GYM_ENGINE_FS_GB:-64} GiB)"
+    truncate -s "${HARBOR_GYM_ENGINE_FS_GB:-64}G" "$engine_img.partial"
+    mkfs.btrfs -q "$engine_img.partial" >/dev/null
+    mv "$engine_img.partial" "$engine_img"
+  fi
+  mount -o loop "$engine_img" "$engine_root"
+  btrfs quota enable "$engine_root"
+}
+our_engine_wrong_root() {
+  # An engine this script started earlier (its log exists) whose data root is not ours: restart it on ours.
+  local root
+  root=$(timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null) || return 1
+  mountpoint -q "$engine_root" || return 1
+  [ "$root" != "$engine_root" ] && [ -f /var/log/harbor-gym-dockerd.log ] && pgrep -x dockerd >/dev/null
+}
+ensure_engine_fs
+if our_engine_wrong_root; then
+  log "restarting the engine this script started on its btrfs data root $engine_root"
+  pkill -x dockerd || true
+  for _ in $(seq 1 60); do pgrep -x dockerd >/dev/null || break; sleep 0.5; done
+fi
 if ! timeout 10 docker info >/dev/null 2>&1; then
   log "starting dockerd"
   # A killed engine leaves its pid files behind; they would stop a new one from starting. A pid file is stale when
@@ -47,14 +88,16 @@ if ! timeout 10 docker info >/dev/null 2>&1; then
     fi
   done
   mkdir -p /var/log
-  nohup dockerd >/var/log/harbor-gym-dockerd.log 2>&1 &
+  driver=()
+  grep -q " $engine_root btrfs " /proc/mounts && driver=(--storage-driver btrfs)
+  nohup dockerd --data-root "$engine_root" "${driver[@]}" >/var/log/harbor-gym-dockerd.log 2>&1 &
   for _ in $(seq 1 120); do
     timeout 5 docker info >/dev/null 2>&1 && break
     sleep 0.5
   done
   timeout 10 docker info >/dev/null 2>&1 || { log "dockerd did not answer; see /var/log/harbor-gym-dockerd.log"; tail -20 /var/log/harbor-gym-dockerd.log >&2; exit 1; }
 fi
-log "docker engine answers ($(docker version --format '{{.Server.Version}}' 2>/dev/null))"
+log "docker engine answers ($(docker version --format '{{.Server.Version}}' 2>/dev/null), data root $(docker info --format '{{.DockerRootDir}}' 2>/dev/null))"
 
 # --- Local base root filesystem and image ------------------------------------------------------------------
 if [ ! -f "$rootfs/.harbor-gym-complete" ]; then
