@@ -4,6 +4,9 @@ Rules followed by :func:`upload_listing`:
 
 - the folder is walked recursively in sorted order; symlinked folders are followed, symlinks are listed by
   their own path (reading them reads the target);
+- the folder itself must resolve inside ``root`` (the task folder): an ``environment/``, ``tests/`` or
+  ``steps/<name>/`` that is itself a symlink leaving the task folder is LOAD-13 (SPEC GYM-10), checked again here
+  at upload time so that no caller can upload a host folder by passing a linked folder;
 - a symlink whose target does not exist, or resolves outside ``root`` (the task folder), is LOAD-13; so is a
   folder reached again through its own descendants (a symlink cycle);
 - with ``honour_ignore`` and a ``.harborignore`` at the folder's top, its lines are gitignore patterns
@@ -21,7 +24,7 @@ import pathspec
 
 from harbor_gym.errors import TaskLoadError
 
-__all__ = ["HARBORIGNORE", "is_within", "upload_listing"]
+__all__ = ["HARBORIGNORE", "is_within", "check_inside", "upload_listing"]
 
 HARBORIGNORE = ".harborignore"
 
@@ -30,6 +33,26 @@ def is_within(path: Path, root: Path) -> bool:
     """True iff the resolved ``path`` is ``root`` (resolved) or lies under it."""
     resolved, base = path.resolve(), root.resolve()
     return resolved == base or base in resolved.parents
+
+
+def check_inside(path: Path, root: Path, *, field: str | None = None) -> None:
+    """LOAD-13 (SPEC GYM-10): ``path`` (a file or folder of the task, possibly itself a symlink, possibly a link
+    to a link) must resolve inside ``root``; a missing path passes, a dangling or cyclic link does not.
+
+    Raises:
+        TaskLoadError: LOAD-13 naming ``path``, where it leads and ``field``.
+    """
+    path = Path(path)
+    if not path.is_symlink() and not path.exists():
+        return
+    try:
+        target = path.resolve(strict=True)
+    except (RuntimeError, OSError) as exc:  # a dangling link or a link loop (RuntimeError on Python 3.11)
+        raise TaskLoadError(f"symlink is dangling or a cycle: {exc}", path=path, field=field,
+                            rule="LOAD-13") from exc
+    if not is_within(target, root):
+        raise TaskLoadError(f"resolves outside the task folder ({target}); a task may only link inside itself",
+                            path=path, field=field, rule="LOAD-13")
 
 
 def _spec(folder: Path) -> pathspec.PathSpec | None:
@@ -54,11 +77,13 @@ def upload_listing(
         Every regular file (or symlink to one) not excluded, never the ``.harborignore`` itself.
 
     Raises:
-        TaskLoadError: LOAD-13 for a dangling symlink, a symlink resolving outside ``root``, or a symlink
-            cycle; the error's path is the offending entry.
+        TaskLoadError: LOAD-13 for ``folder`` itself resolving outside ``root``, a dangling symlink, a symlink
+            resolving outside ``root``, or a symlink cycle; the error's path is the offending entry.
     """
     folder = Path(folder)
     boundary = (root if root is not None else folder).resolve()
+    if root is not None:
+        check_inside(folder, boundary)
     spec = _spec(folder) if honour_ignore else None
     out: list[tuple[Path, str]] = []
 

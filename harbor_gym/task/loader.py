@@ -1,8 +1,10 @@
 """``load_task(path) -> Task``: validate a task folder (LOAD-1..16), resolve each step's files and settings.
 
 Pure: reads files, starts nothing, needs no Docker. Checks run in this order, the first failure is raised:
+LOAD-13 (``task.toml``, ``instruction.md``, ``environment``, ``steps`` linking out of the folder),
 LOAD-1/2/7..12/15 (``task.toml``), LOAD-16 (multiplier), LOAD-14 (environment), LOAD-13 (inputs inside the
-folder), LOAD-3/4/5 (step files), LOAD-13 (symlinks, ``.harborignore``), the compose file's subset
+folder), LOAD-3/4/5 (step files), LOAD-13 (symlinks anywhere in ``environment/``, ``tests/``, ``solution/``,
+``steps/<name>/``; ``.harborignore``), the compose file's subset
 (COMPOSE-1/2, `harbor_gym.task.compose`), LOAD-12 (sidecars need a compose file naming them), LOAD-6.
 """
 
@@ -15,7 +17,7 @@ from pathlib import Path
 from harbor_gym.config import EnvConfig, Semantics
 from harbor_gym.errors import TaskLoadError
 from harbor_gym.task.compose import check_sidecar_names, parse_compose_file
-from harbor_gym.task.files import is_within, upload_listing
+from harbor_gym.task.files import check_inside, upload_listing
 from harbor_gym.task.models import StepConfig, TaskConfig, VerifierEnvironmentMode, resolve_verifier_mode
 from harbor_gym.task.resolved import ImageSourceKind, Step, StepArtifact, Task, VerifierImageSource
 from harbor_gym.task.text import strip_canary
@@ -106,11 +108,8 @@ def verifier_image_source(
 
 
 def _check_inside(root: Path, folder: Path, field: str) -> None:
-    """LOAD-13: an input folder (possibly a symlink) must resolve inside the task folder."""
-    if (folder.exists() or folder.is_symlink()) and not is_within(folder, root):
-        raise TaskLoadError(
-            f"resolves outside the task folder ({folder.resolve()})", path=folder, field=field, rule="LOAD-13"
-        )
+    """LOAD-13 (GYM-10): an input (possibly a symlink, or a link to a link) must resolve inside the task folder."""
+    check_inside(folder, root, field=field)
 
 
 def _check_listing(
@@ -255,6 +254,8 @@ def load_task(
     if not root.is_dir():
         raise TaskLoadError("task folder missing or not a folder", path=root, rule="LOAD-1")
     toml_path = root / "task.toml"
+    for name in ("task.toml", "instruction.md", "environment", "steps"):
+        _check_inside(root, root / name, name)  # LOAD-13 (GYM-10): nothing the loader reads links out
     task_config = parse_task_toml(toml_path)
     multiplier = check_timeout_multiplier(timeout_multiplier, path=root)
 
@@ -306,6 +307,7 @@ def load_task(
                     rule="LOAD-5",
                 )
 
+    _check_listing(root, environment_dir, None, "environment/", False)
     _check_listing(root, _existing_dir(root / "tests"), "test.sh", "tests/", True)
     _check_listing(root, _existing_dir(root / "solution"), "solve.sh", "solution/", True)
     for step in task_config.steps or ():
