@@ -1,18 +1,21 @@
-"""Commands in a local sandbox: `LocalExecMixin`, the ``exec`` (nsenter + setpriv) of `LocalSandbox`.
+"""Commands in a local sandbox: `LocalExecMixin`, the ``exec`` of `LocalSandbox`.
 
-A command enters the sandbox's namespaces (and cgroups) with ``nsenter``, drops to its user with the sandbox's
-own ``setpriv`` (supplementary groups, Docker's capability bounding set `_CAPS`), runs with its output in host
-temporary files cut at ``output_cap_bytes``, and on timeout has its whole process group killed.
+Every command starts in ``_launch.py``, a fresh host Python process that joins the sandbox's cgroups and
+namespaces, drops to the command's user and to `_CAPS` (Docker's default capability set minus ``mknod``) and only
+then executes the command, so no file of the sandbox is ever opened, mapped or executed with host privileges (SPEC
+GYM-10; see that module for why this design). Output goes to host temporary files cut at ``output_cap_bytes``; on
+timeout the command's whole process group is killed.
 """
 
 from __future__ import annotations
 
+import marshal
 import os
 import posixpath
 import shlex
-import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,12 +31,20 @@ if TYPE_CHECKING:
 __all__ = ["LocalExecMixin"]
 
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Docker's default capability set; root inside a local sandbox gets exactly these (never CAP_SYS_ADMIN).
+#: Docker's default capability set minus ``mknod``: root inside a local sandbox gets exactly these (never
+#: CAP_SYS_ADMIN). ``mknod`` is left out because no device cgroup guards a local sandbox's ``/dev``: a node made
+#: for a host disk would open it (Docker's device cgroup refuses that; here the capability itself is withheld).
 _CAPS = (
-    "chown", "dac_override", "fsetid", "fowner", "mknod", "net_raw", "setgid", "setuid", "setfcap", "setpcap",
+    "chown", "dac_override", "fsetid", "fowner", "net_raw", "setgid", "setuid", "setfcap", "setpcap",
     "net_bind_service", "sys_chroot", "kill", "audit_write",
 )
-_NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
+_CAP_BITS = {
+    "chown": 0, "dac_override": 1, "fowner": 3, "fsetid": 4, "kill": 5, "setgid": 6, "setuid": 7, "setpcap": 8,
+    "net_bind_service": 10, "net_raw": 13, "sys_chroot": 18, "audit_write": 29, "setfcap": 31,
+}
+#: The capability mask the launcher keeps (bounding, permitted and effective sets of root in the sandbox).
+CAP_MASK = sum(1 << _CAP_BITS[c] for c in _CAPS)
+_LAUNCH = str(Path(__file__).with_name("_launch.py"))
 
 
 class LocalExecMixin:
@@ -45,14 +56,14 @@ class LocalExecMixin:
         settings: SandboxSettings
         _state: SandboxState
         _pid: int | None
-        _setpriv: str | None
 
         @property
         def workdir(self) -> str: ...
         @property
         def default_user(self) -> str: ...
+        @property
+        def cgroup_dirs(self) -> tuple[str, ...]: ...
         def is_alive(self) -> bool: ...
-        def _join_cgroups_prefix(self) -> list[str]: ...
 
     # --- commands ----------------------------------------------------------------------------------------
     def _require_running(self) -> int:
@@ -70,26 +81,33 @@ class LocalExecMixin:
             raise SandboxPathError(f"no such folder in local sandbox {self.name}", path=path, field="cwd") from exc
         os.close(fd)
 
-    def _argv(self, pid: int, command: str | Sequence[str], user: str, cwd: str) -> tuple[list[str], _rootfs.UserInfo]:
-        info = _rootfs.resolve_user(f"/proc/{pid}/root", user)
-        argv = self._join_cgroups_prefix()
-        # -w without a path: the sandbox PID 1's cwd ("/"); nsenter would open a given path on the host.
-        argv += [_NSENTER, "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
-        if self._setpriv is None:
-            argv += ["-S", str(info.uid), "-G", str(info.gid), "--"]
-        else:
-            argv += [
-                "--", self._setpriv, f"--reuid={info.uid}", f"--regid={info.gid}",
-                f"--groups={','.join(str(g) for g in info.groups)}",
-                "--bounding-set=-all," + ",".join("+" + c for c in _CAPS), "--inh-caps=-all", "--",
-            ]
+    def _request(self, pid: int, command: str | Sequence[str], info: _rootfs.UserInfo, cwd: str,
+                 env: Mapping[str, str]) -> dict:
+        """The launcher's request for ``command`` as ``info`` in ``cwd`` (``cd`` runs inside, as the user)."""
         if isinstance(command, str):
-            argv += ["/bin/sh", "-c", f"cd -- {shlex.quote(cwd)} || exit 126\n{command}"]
+            argv = ["/bin/sh", "-c", f"cd -- {shlex.quote(cwd)} || exit 126\n{command}"]
         elif cwd == "/":
-            argv += list(command)
+            argv = list(command)
         else:
-            argv += ["/bin/sh", "-c", 'cd -- "$0" || exit 126; exec "$@"', cwd, *command]
-        return argv, info
+            argv = ["/bin/sh", "-c", 'cd -- "$0" || exit 126; exec "$@"', cwd, *command]
+        return {
+            "pid": pid, "cgroups": [d + "/cgroup.procs" for d in self.cgroup_dirs], "uid": info.uid,
+            "gid": info.gid, "groups": list(info.groups), "caps": CAP_MASK, "argv": argv, "env": dict(env),
+        }
+
+    def _launch(self, request: dict, *, stdin: bytes | None, stdout, stderr) -> subprocess.Popen:
+        """Start the launcher for ``request`` in a new session (its process group is the command's)."""
+        fd = os.memfd_create("harbor-gym-launch")  # close-on-exec: only the launcher gets it (pass_fds)
+        try:
+            os.write(fd, marshal.dumps(request))
+            os.lseek(fd, 0, os.SEEK_SET)
+            return subprocess.Popen(
+                [sys.executable, "-I", "-S", _LAUNCH, str(fd)], pass_fds=(fd,),
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                env={}, start_new_session=True, close_fds=True,
+            )
+        finally:
+            os.close(fd)
 
     def _run(
         self, command: str | Sequence[str], *, timeout: float | None, user: str | None, env: Mapping[str, str] | None,
@@ -100,17 +118,15 @@ class LocalExecMixin:
         t0 = time.monotonic()
         cwd = _abs(cwd or self.workdir)
         self._require_folder(pid, cwd)
-        argv, info = self._argv(pid, command, user or self.default_user, cwd)
+        info = _rootfs.resolve_user(f"/proc/{pid}/root", user or self.default_user)
         environ = {"PATH": _DEFAULT_PATH, "HOSTNAME": self.name[:63], "HOME": info.home}
         environ.update(self.spec.env)
         environ.update(env or {})
+        request = self._request(pid, command, info, cwd, environ)
         cap = self.settings.output_cap_bytes
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
-                proc = subprocess.Popen(
-                    argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=out, stderr=err,
-                    env=environ, start_new_session=True, close_fds=True,
-                )
+                proc = self._launch(request, stdin=stdin, stdout=out, stderr=err)
             except OSError as exc:
                 raise SandboxError(f"cannot run a command in local sandbox {self.name}: {exc}", field="exec") from exc
             timed_out = False
@@ -171,13 +187,12 @@ class LocalExecMixin:
         """Run ``command`` as root; returns (exit code, its uncapped stdout in a temp file the caller removes,
         the head of its stderr)."""
         pid = self._require_running()
-        argv, _ = self._argv(pid, command, "root", "/")
+        root = _rootfs.UserInfo(name="root", uid=0, gid=0, groups=(0,), home="/root")
+        request = self._request(pid, command, root, "/", {"PATH": _DEFAULT_PATH, "HOME": "/root"})
         fd, path = tempfile.mkstemp(prefix="harbor-gym-get-")
         err = tempfile.TemporaryFile()
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=fd, stderr=err, env={"PATH": _DEFAULT_PATH, "HOME": "/root"},
-                                    start_new_session=True)
+            proc = self._launch(request, stdin=stdin, stdout=fd, stderr=err)
             try:
                 proc.communicate(input=stdin, timeout=timeout)
             except subprocess.TimeoutExpired:

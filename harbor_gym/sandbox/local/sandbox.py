@@ -43,7 +43,7 @@ from pathlib import Path
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec, SandboxState
-from harbor_gym.sandbox.local import _cgroups, _rootfs
+from harbor_gym.sandbox.local import _cgroups
 from harbor_gym.sandbox.local._exec import _CAPS, LocalExecMixin
 from harbor_gym.sandbox.local._files import LocalFilesMixin
 
@@ -112,7 +112,6 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         self._keeper: subprocess.Popen | None = None
         self._pid: int | None = None
         self._cgroups = _cgroups.CgroupSet()
-        self._setpriv: str | None = None
         self._lock = threading.Lock()
 
     # --- protocol properties -----------------------------------------------------------------------------
@@ -255,18 +254,6 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         if "error" in report:
             raise SandboxUnavailableError(f"the local sandbox could not start: {report['error']}", field="start")
         self._pid = int(report["pid"])
-        root = f"/proc/{self._pid}/root"
-        for candidate in ("/usr/bin/setpriv", "/bin/setpriv"):
-            fd = None
-            try:
-                fd = _rootfs.open_in_root(root, candidate, flags=os.O_PATH)
-                self._setpriv = candidate
-                break
-            except OSError:
-                continue
-            finally:
-                if fd is not None:
-                    os.close(fd)
 
     def _read_report(self) -> dict:
         keeper = self._keeper
