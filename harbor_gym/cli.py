@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 
 from harbor_gym.errors import ConfigError, HarborGymError
 
@@ -31,14 +32,55 @@ class UsageError(Exception):
     """Bad usage or unreadable input: exit code 2 with a one-line message."""
 
 
+def _say(console: Console, tag: str, text: str) -> None:
+    """Print ``tag`` (rich markup of ours) then ``text`` verbatim: bracketed text in a message, such as a TOML table
+    name ``[verifier.environment]``, is never taken for markup."""
+    console.print(f"{tag}{escape(text)}" if tag else escape(text))
+
+
+def _plain_when_piped(table):
+    """The run summary as plain text (no box art, no rule lines) when stdout is not a terminal, so that it stays
+    readable in a log file or a pipe; the boxed table on a terminal."""
+    if not _out.is_terminal:
+        table.box = None
+        table.show_lines = False
+        table.show_edge = False
+        table.pad_edge = False
+    return table
+
+
+def _engine_backend(requested: str, command: str) -> str:
+    """The backend a command uses, decided once before anything runs.
+
+    ``docker`` without an engine is bad input (one line naming the engine address, exit 2), not a storm of
+    retryable seed failures; ``auto`` without an engine falls back to ``local`` and says so in one visible line.
+    """
+    import os
+
+    from harbor_gym.sandbox._engine import engine_answers
+
+    if requested == "local":
+        return "local"
+    reason = engine_answers()
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if reason is None:
+        return "docker"
+    if requested == "docker":
+        raise UsageError(f"--backend docker: no Docker engine answers at {where} ({reason.splitlines()[0][:200]}); "
+                         "start one (scripts/setup-host.sh) or use --backend local")
+    _say(_err, "", f"harbor-gym {command}: no Docker engine answers at {where}; using the local (bubblewrap) backend")
+    return "local"
+
+
 def _is_task_folder(path: Path) -> bool:
     return (path / "task.toml").is_file()
 
 
-def _task_targets(paths: Sequence[str]):
+def _task_targets(paths: Sequence[str], config=None):
     """Yield ``(task_id, loader)`` for every task under ``paths``; a loader returns a Task or raises TaskLoadError.
 
-    A path holding ``task.toml`` is one task; any other folder is a dataset of task folders.
+    A path holding ``task.toml`` is one task; any other folder is a dataset of task folders. Tasks load under
+    ``config`` (its ``semantics``: DIFF-8, VER-4, LOAD-6).
 
     Raises:
         UsageError: a path does not exist or is not a folder.
@@ -53,10 +95,10 @@ def _task_targets(paths: Sequence[str]):
         if not path.is_dir():
             raise UsageError(f"{raw}: not a task folder or a folder of task folders")
         if _is_task_folder(path):
-            yield path.resolve().name, (lambda p=path: load_task(p))
+            yield path.resolve().name, (lambda p=path: load_task(p, config))
             continue
         try:
-            dataset = load_dataset(path)
+            dataset = load_dataset(path, config)
         except TaskLoadError as exc:  # the dataset's own settings are refused (LOAD-16)
             yield path.resolve().name, (lambda e=exc: _raise(e))
             continue
@@ -73,17 +115,45 @@ def _raise(error: Exception):
     raise error
 
 
+def _load_outcome(load) -> tuple[bool, str]:
+    """``(ok, text)`` of one task load: the step count, or the error's message."""
+    try:
+        task = load()
+    except HarborGymError as exc:
+        return False, str(exc)
+    return True, f"{len(task.steps)} step{'s' if len(task.steps) != 1 else ''}"
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
-    """Load every task; print one line per task: OK, or the problem (SPEC §3 LOAD rules)."""
+    """Load every task; print one line per task: OK, or the problem (SPEC §3 LOAD rules).
+
+    With ``--semantics``, tasks load under that side of SPEC §14 only. Without it they load under both, and a task
+    whose outcome differs (a step name only Harbor accepts, DIFF-8; a verifier image source, VER-4) gets one line per
+    semantics, each naming it.
+    """
+    from harbor_gym.config import EnvConfig
+
+    chosen = [args.semantics] if args.semantics else ["seed", "harbor"]
+    outcomes: dict[str, dict[str, tuple[bool, str]]] = {}
+    order: list[str] = []
+    for semantics in chosen:
+        for task_id, load in _task_targets(args.paths, EnvConfig(semantics=semantics)):
+            if task_id not in outcomes:
+                order.append(task_id)
+            outcomes.setdefault(task_id, {})[semantics] = _load_outcome(load)
     failed = 0
-    for task_id, load in _task_targets(args.paths):
-        try:
-            task = load()
-        except HarborGymError as exc:
-            failed += 1
-            _out.print(f"[red]FAIL[/red] {task_id}: {exc}")
-            continue
-        _out.print(f"[green]OK[/green]   {task_id} ({len(task.steps)} step{'s' if len(task.steps) != 1 else ''})")
+    for task_id in order:
+        per = outcomes[task_id]
+        same = len({v for v in per.values()}) == 1
+        for semantics, (ok, text) in per.items():
+            where = "" if same else f" [{semantics}]"
+            failed += not ok
+            if ok:
+                _say(_out, "[green]OK[/green]   ", f"{task_id}{where} ({text})")
+            else:
+                _say(_out, "[red]FAIL[/red] ", f"{task_id}{where}: {text}")
+            if same:
+                break
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -92,22 +162,23 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from harbor_gym.config import EnvConfig
     from harbor_gym.episode import validate
 
-    config = EnvConfig(backend=args.backend)
+    config = EnvConfig(backend=_engine_backend(args.backend, "validate"), semantics=args.semantics)
     failed = 0
-    for task_id, load in _task_targets(args.paths):
+    for task_id, load in _task_targets(args.paths, config):
         try:
             task = load()
             report = validate(task, config=config)
         except HarborGymError as exc:
             failed += 1
-            _out.print(f"[red]FAIL[/red] {task_id}: {exc}")
+            _say(_out, "[red]FAIL[/red] ", f"{task_id}: {exc}")
             continue
         if report.passed:
             rewards = ", ".join(f"{s.name}={s.reward:g}" for s in report.steps)
-            _out.print(f"[green]PASS[/green] {task_id}: {rewards}")
+            _say(_out, "[green]PASS[/green] ", f"{task_id}: {rewards}")
         else:
             failed += 1
-            _out.print(f"[red]FAIL[/red] {task_id}: {report.summary()}")
+            details = report.summary().splitlines()[1:]  # the summary's own "FAIL <task>" head is not repeated
+            _say(_out, "[red]FAIL[/red] ", f"{task_id} ({report.path})\n" + "\n".join(details))
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -116,22 +187,25 @@ def _cmd_images(args: argparse.Namespace) -> int:
     from harbor_gym.config import EnvConfig, settings_path
 
     config = EnvConfig()
-    _out.print(f"settings file: {settings_path()}")
-    _out.print(f"pull policy:   {config.effective_pull_policy().value}")
+    _say(_out, "", f"settings file: {settings_path()}")
+    _say(_out, "", f"pull policy:   {config.effective_pull_policy().value}")
     for public, local in sorted(config.effective_image_aliases().items()):
-        _out.print(f"alias  {public} -> {local}")
+        _say(_out, "", f"alias  {public} -> {local}")
     for image, folder in sorted(config.effective_rootfs_aliases().items()):
-        _out.print(f"rootfs {image} -> {folder}")
-    try:
-        from harbor_gym.sandbox.images import list_cached_images
-    except ImportError:
+        _say(_out, "", f"rootfs {image} -> {folder}")
+    from harbor_gym.sandbox._engine import engine_answers, get_client
+    from harbor_gym.sandbox.images import CACHE_LABEL, MANAGED_LABEL
+
+    reason = engine_answers()
+    if reason is not None:
+        _say(_out, "", f"cached build images: no Docker engine answers ({reason.splitlines()[0][:160]})")
         return EXIT_OK
-    try:
-        for line in list_cached_images():
-            _out.print(f"cached {line}")
-    except HarborGymError as exc:
-        _err.print(f"harbor-gym images: cannot list cached images: {exc}")
-        return EXIT_FAILED
+    found = get_client().api.images(filters={"label": [f"{MANAGED_LABEL}=true", f"{CACHE_LABEL}=build"]})
+    for image in sorted(found, key=lambda i: -(i.get("Created") or 0)):
+        tags = ", ".join(image.get("RepoTags") or []) or image.get("Id", "")[:19]
+        _say(_out, "", f"cached {tags} ({(image.get('Size') or 0) / 1e6:.0f} MB)")
+    if not found:
+        _say(_out, "", "cached build images: none")
     return EXIT_OK
 
 
@@ -146,17 +220,17 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     try:
         report = collect_garbage(images=args.images)
     except SandboxUnavailableError as exc:
-        _out.print(f"docker: skipped ({exc})")
+        _say(_out, "", f"docker: skipped ({exc})")
     else:
         for kind in ("containers", "networks", "volumes", "images"):
             names = getattr(report, kind)
-            _out.print(f"docker {kind}: {len(names)} removed" + (f" ({', '.join(names)})" if names else ""))
-        _out.print(f"docker: {len(report.kept_live)} kept (their runs are live)")
+            _say(_out, "", f"docker {kind}: {len(names)} removed" + (f" ({', '.join(names)})" if names else ""))
+        _say(_out, "", f"docker: {len(report.kept_live)} kept (their runs are live)")
         for error in report.errors:
-            _err.print(f"harbor-gym gc: {error}")
+            _say(_err, "", f"harbor-gym gc: {error}")
             status = EXIT_FAILED
     removed = collect_local_garbage()
-    _out.print(f"local sandboxes: {len(removed)} removed" + (f" ({', '.join(removed)})" if removed else ""))
+    _say(_out, "", f"local sandboxes: {len(removed)} removed" + (f" ({', '.join(removed)})" if removed else ""))
     return status
 
 
@@ -173,7 +247,7 @@ def _cmd_prewarm(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.is_dir():
         raise UsageError(f"{args.path}: not a task folder or a folder of task folders")
-    config = EnvConfig(backend=args.backend, labels=_parse_labels(args.label))
+    config = EnvConfig(backend=_engine_backend(args.backend, "prewarm"), labels=_parse_labels(args.label))
     try:
         results = prewarm(path, size=args.size, config=config, timeout_s=args.timeout)
     except TaskLoadError as exc:
@@ -182,11 +256,11 @@ def _cmd_prewarm(args: argparse.Namespace) -> int:
         close_pools()
     for r in results:
         if r.skipped:
-            _out.print(f"SKIP {r.task_id}: {r.error}")
+            _say(_out, "", f"SKIP {r.task_id}: {r.error}")
         elif r.ok:
-            _out.print(f"[green]WARM[/green] {r.task_id}: {r.ready}/{r.size} sandboxes ready in {r.seconds:.1f}s")
+            _say(_out, "[green]WARM[/green] ", f"{r.task_id}: {r.ready}/{r.size} sandboxes ready in {r.seconds:.1f}s")
         else:
-            _out.print(f"[red]FAIL[/red] {r.task_id}: {r.ready}/{r.size} ready" + (f": {r.error}" if r.error else ""))
+            _say(_out, "[red]FAIL[/red] ", f"{r.task_id}: {r.ready}/{r.size} ready" + (f": {r.error}" if r.error else ""))
     return EXIT_OK if results and all(r.ok for r in results) else EXIT_FAILED
 
 
@@ -203,19 +277,20 @@ def _parse_labels(items: Sequence[str]) -> dict[str, str]:
 def _cmd_run(args: argparse.Namespace) -> int:
     """Run K rollouts of every task with an agent; results in --out (see harbor_gym.run)."""
     from harbor_gym.config import EnvConfig
-    from harbor_gym.errors import TaskLoadError
+    from harbor_gym.errors import DatasetError, TaskLoadError
     from harbor_gym.run import RunOptions, load_targets, resolve_agent, run_rollouts
     from harbor_gym.run.progress import RichProgress, summary_table
 
     agent = resolve_agent(args.agent)
-    config = EnvConfig(backend=args.backend, labels=_parse_labels(args.label))
+    config = EnvConfig(backend=_engine_backend(args.backend, "run"), labels=_parse_labels(args.label),
+                       semantics=args.semantics)
     try:
         targets = load_targets(args.path, config)
-    except TaskLoadError as exc:  # the one task given, or the dataset's own settings: nothing can run
+    except (TaskLoadError, DatasetError) as exc:  # the one task, the dataset's settings, its registry: nothing runs
         raise UsageError(str(exc)) from exc
     out = Path(args.out)
     for task_id, error in targets.failures.items():
-        _err.print(f"harbor-gym run: task {task_id} failed to load, skipped: {error}")
+        _say(_err, "", f"harbor-gym run: task {task_id} failed to load, skipped: {error}")
     from harbor_gym.sandbox.pool import close_pools, pool_factory
 
     if args.pool_size < 0:
@@ -229,11 +304,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         report = run_rollouts(targets, options, RichProgress(_err))
     finally:
         close_pools()
-    _out.print(summary_table(report.summaries, report.load_failures))
-    _out.print(f"results: {out / 'rollouts.jsonl'} ({report.graded} graded this run), "
+    _out.print(_plain_when_piped(summary_table(report.summaries, report.load_failures)))
+    _say(_out, "", f"results: {out / 'rollouts.jsonl'} ({report.graded} graded this run), "
                f"{out / 'rollouts_failures.jsonl'} ({report.failed} failed this run), per-turn logs in {out / 'logs'}")
     if report.interrupted:
-        _err.print(f"harbor-gym run: interrupted; finished results kept in {out}; run again with --out {out} "
+        _say(_err, "", f"harbor-gym run: interrupted; finished results kept in {out}; run again with --out {out} "
                    "to resume")
     return report.exit_code
 
@@ -241,6 +316,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harbor-gym", description="Harbor task folders as Gymnasium envs.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (INFO)")
+    parser.add_argument("--version", action="version", version=f"harbor-gym {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser(
@@ -257,7 +333,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", default="oracle", metavar="SPEC",
                      help="oracle (default) | script:FILE (FILE's text every turn; a folder: <step_name>.sh, else "
                           "default.sh, else ':') | module:Class (imported, made with no args, has run(turn))")
-    run.add_argument("--backend", choices=["auto", "docker", "local"], default="auto")
+    run.add_argument("--backend", choices=["auto", "docker", "local"], default="auto",
+                     help="docker (an engine must answer, else exit 2), local (bubblewrap), or auto (default: docker "
+                          "when an engine answers, else local, announced in one line)")
+    run.add_argument("--semantics", choices=["seed", "harbor"], default="seed",
+                     help="SPEC §14: seed (default) or harbor (Harbor 0.25's side)")
     run.add_argument("--rollouts-per-task", "-k", type=int, default=1, metavar="K")
     run.add_argument("--concurrency", "-c", type=int, default=1, metavar="C", help="episodes at a time")
     run.add_argument("--retries", type=int, default=2, metavar="R",
@@ -271,7 +351,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="warm sandboxes kept per sandbox spec (e.g. C); 0: each reset starts its own (default)")
     run.set_defaults(func=_cmd_run)
 
-    prewarm = sub.add_parser("prewarm", help="fill warm sandbox pools for every task (images built and cached)")
+    prewarm = sub.add_parser(
+        "prewarm", help="build and cache every task's image, then check that warm sandboxes start",
+        description="Build (and cache) the image of every task under PATH, fill a warm pool of --size sandboxes for "
+                    "each and print how long that took, then remove every sandbox it started. What lasts after it "
+                    "exits is the image build cache (see `harbor-gym images`; `harbor-gym gc --images` removes it), "
+                    "not the sandboxes: a warm pool lives inside one process (EnvConfig.pool_size, "
+                    "`harbor-gym run --pool-size`).")
     prewarm.add_argument("path", metavar="PATH", help="a task folder or a folder of task folders")
     prewarm.add_argument("--size", type=int, default=2, metavar="N", help="sandboxes per pool (default 2)")
     prewarm.add_argument("--backend", choices=["auto", "docker", "local"], default="auto")
@@ -282,11 +368,15 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="load task folders and print each problem")
     check.add_argument("paths", nargs="+", metavar="PATH", help="a task folder or a folder of task folders")
+    check.add_argument("--semantics", choices=["seed", "harbor"], default=None,
+                       help="load under one side of SPEC §14; default: both, one line each where they differ")
     check.set_defaults(func=_cmd_check)
 
     validate = sub.add_parser("validate", help="run the oracle through every step; every turn must score 1.0")
     validate.add_argument("paths", nargs="+", metavar="PATH", help="a task folder or a folder of task folders")
     validate.add_argument("--backend", choices=["auto", "docker", "local"], default="auto")
+    validate.add_argument("--semantics", choices=["seed", "harbor"], default="seed",
+                          help="SPEC §14: seed (default) or harbor")
     validate.set_defaults(func=_cmd_validate)
 
     images = sub.add_parser("images", help="show image aliases, pull policy and cached build images")
@@ -296,6 +386,12 @@ def _parser() -> argparse.ArgumentParser:
     gc.add_argument("--images", action="store_true", help="also remove harbor_gym's cached build images")
     gc.set_defaults(func=_cmd_gc)
     return parser
+
+
+def _version() -> str:
+    from harbor_gym import __version__
+
+    return __version__
 
 
 def _sigterm_as_interrupt() -> None:
@@ -319,10 +415,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command(args)
     except (UsageError, ConfigError) as exc:
-        _err.print(f"harbor-gym {args.command}: {exc}")
+        _say(_err, "", f"harbor-gym {args.command}: {exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        _err.print(f"harbor-gym {args.command}: interrupted")
+        _say(_err, "", f"harbor-gym {args.command}: interrupted")
         return 130
 
 

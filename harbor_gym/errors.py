@@ -26,6 +26,8 @@ __all__ = [
     "ResetNeededError",
     "SessionMismatchError",
     "ConfigError",
+    "TargetNotFoundError",
+    "DatasetError",
 ]
 
 
@@ -63,7 +65,7 @@ class HarborGymError(Exception):
             where.append(self.field)
         prefix = ": ".join(where)
         text = f"{prefix}: {self.reason}" if prefix else self.reason
-        if self.rule:
+        if self.rule and self.rule not in self.reason:  # a reason that already cites its rule is not repeated
             text += f" [{self.rule}]"
         return text
 
@@ -152,3 +154,14 @@ class ResetNeededError(HarborGymError, RuntimeError):
 
 class SessionMismatchError(HarborGymError, ValueError):
     """A continued session was stepped with a different agent object (SPEC SES-3)."""
+
+
+class TargetNotFoundError(HarborGymError, LookupError):
+    """``harbor_gym.make(x)`` / ``harbor-gym run x``: ``x`` names no task folder, no registered id and no dataset of
+    the registry in force. The message is "no such task folder or registered id: x"."""
+
+
+class DatasetError(HarborGymError):
+    """A dataset named ``NAME@VERSION`` cannot be had from the registry: unknown name or version, an unreadable
+    registry file, a repository that cannot be fetched, a commit that is not there, a task path missing at that
+    commit (``retryable`` only when fetching failed)."""

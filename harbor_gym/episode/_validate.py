@@ -96,6 +96,10 @@ def validate(task_or_path: Task | str | os.PathLike, config: EnvConfig | dict | 
             reason = f"did not run: the episode stopped after {result.stopped_after_turn!r}"
         elif rec.failure_kind:
             reason = rec.failure_kind
+        elif "reward" not in (rec.verifier_rewards or {}):
+            keys = ", ".join(sorted(rec.verifier_rewards or {}))
+            reason = (f"the verifier's reward file has no `reward` key (keys: {keys}); RWD-5 pays 0.0"
+                      if keys else "no valid reward file (RWD-6)")
         elif reward != 1.0:
             reason = f"oracle reward {reward} != 1.0"
         steps.append(StepValidation(step.name, step.validatable, reward,

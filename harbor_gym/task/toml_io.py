@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tomllib
 import typing
+import re
 import warnings
 from pathlib import Path
 from typing import Any, TypeVar
@@ -140,12 +141,33 @@ def _load_error(exc: ValidationError, data: dict[str, Any], path: Path, what: st
     return TaskLoadError(message, path=path, field=format_field_path(parts) or what, rule="LOAD-1")
 
 
+#: Python's once-per-location registry for `_warn_at`: the same warning of the same file line shows once per process
+#: under the default filter (``check`` loads a folder under both semantics).
+_WARNED: dict[Any, Any] = {}
+
+
+def _key_line(path: Path, key: str) -> int:
+    """The 1-based line of ``path`` where the last dotted part of ``key`` is first assigned (1 if not found)."""
+    name = str(key).split(".")[-1].strip("[]'\"")
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return 1
+    pattern = re.compile(r"^\s*[\"']?" + re.escape(name) + r"[\"']?\s*=")
+    return next((i for i, line in enumerate(lines, 1) if pattern.match(line)), 1)
+
+
+def _warn_at(path: Path, warning: Warning, key: str) -> None:
+    """Issue ``warning`` as coming from the task's own file and the line of ``key`` (not harbor_gym's source), so
+    that the printed warning names the file and shows the key's line."""
+    warnings.warn_explicit(warning, type(warning), filename=str(path), lineno=_key_line(path, key),
+                           module="harbor_gym.task", registry=_WARNED)
+
+
 def _validate(model: type[M], data: dict[str, Any], path: Path, what: str) -> M:
     unknown = find_unknown_keys(model, data)
     if unknown:
-        warnings.warn(
-            UnknownKeyWarning(f"{path}: unknown keys ignored (FMT-14): {', '.join(unknown)}"), stacklevel=4
-        )
+        _warn_at(path, UnknownKeyWarning(f"unknown keys ignored (FMT-14): {', '.join(unknown)}"), unknown[0])
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -166,7 +188,7 @@ def task_config_from_dict(raw: dict[str, Any], *, path: Path) -> TaskConfig:
         ) from exc
     if legacy:
         names = ", ".join(format_field_path(_split_field(key)) for key in legacy)
-        warnings.warn(LegacyKeyWarning(f"{path}: legacy keys migrated (FMT-13): {names}"), stacklevel=3)
+        _warn_at(path, LegacyKeyWarning(f"legacy keys migrated (FMT-13): {names}"), legacy[0])
     return _validate(TaskConfig, data, path, "task.toml")
 
 
