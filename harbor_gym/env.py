@@ -122,7 +122,8 @@ class HarborEnv(gym.Env[dict, Any]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         """Start a pristine episode: the previous one's sandboxes are stopped first (GYM-2).
 
-        Options: ``agent`` (announces the agent, GYM-4); for the dataset env also ``task`` (a task id).
+        Options: ``agent`` (announces the agent, GYM-4), ``rollout`` (an int given to agents as ``turn.rollout``;
+        ``turn.seed`` is ``seed``); for the dataset env also ``task`` (a task id).
 
         Raises:
             SeedRefusedError: LOAD-20..24, before any sandbox starts.
@@ -135,13 +136,15 @@ class HarborEnv(gym.Env[dict, Any]):
         self.action_space.seed(int(self.np_random.integers(0, 2**31 - 1)))
         options = dict(options or {})
         agent = options.pop("agent", self.agent)
+        rollout = options.pop("rollout", None)  # GYM-13: turn.rollout (the runner gives its rollout index)
         task = self._select_task(options)
         if options:
             raise ConfigError(f"unknown reset option(s): {', '.join(sorted(options))}", field="reset(options)")
         self._close_episode()
         from harbor_gym.episode import Episode
 
-        episode = Episode(task, config=self.config, sandbox_factory=self._factory(), agent=agent)
+        episode = Episode(task, config=self.config, sandbox_factory=self._factory(), agent=agent, seed=seed,
+                          rollout=rollout if rollout is None else int(rollout))
         try:
             episode.start()
         except BaseException:

@@ -1,7 +1,11 @@
 """harbor_gym.agents: what an action can be — a bash script (``str``), the `Oracle`, or any object with
-``run(turn) -> AgentOutcome`` (SPEC GYM-4, GYM-5, ORACLE-1/2), and the ATIF trajectory document (VER-10)."""
+``run(turn) -> AgentOutcome`` (SPEC GYM-4, GYM-5, ORACLE-1/2), the ATIF trajectory document (VER-10), the model-call
+records of the data plane with their token segments, and `ChatAgent`, an agent over an OpenAI-compatible endpoint
+(GYM-13)."""
 
 from harbor_gym.agents._atif import ATIF_VERSION, TrajectoryError, build_trajectory, validate_trajectory
+from harbor_gym.agents._chat import ChatAgent
+from harbor_gym.agents._model_calls import ModelCall, full_requests
 from harbor_gym.agents._oracle import Oracle
 from harbor_gym.agents._outcome import AgentOutcome, AgentOutcomePolicy, AgentStatus
 from harbor_gym.agents._protocol import (
@@ -14,6 +18,7 @@ from harbor_gym.agents._protocol import (
     supports_continue,
 )
 from harbor_gym.agents._script import ScriptAgent
+from harbor_gym.agents._segments import TokenSegment, token_segments
 from harbor_gym.agents._session import Session
 from harbor_gym.agents._turn import Turn
 
@@ -22,6 +27,11 @@ __all__ = [
     "AgentOutcome",
     "AgentOutcomePolicy",
     "AgentStatus",
+    "ChatAgent",
+    "ModelCall",
+    "TokenSegment",
+    "full_requests",
+    "token_segments",
     "HarnessSession",
     "Oracle",
     "ScriptAgent",

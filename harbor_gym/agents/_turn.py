@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
+from harbor_gym.agents._model_calls import ModelCall
 from harbor_gym.sandbox.base import ExecResult
 
-__all__ = ["Turn", "ExecFn"]
+__all__ = ["Turn", "ExecFn", "ARGV_LIMIT_BYTES"]
 
 #: ``exec(command, *, timeout, user, env, cwd, stdin) -> ExecResult``: a `Sandbox.exec`-shaped callable.
 ExecFn = Callable[..., ExecResult]
+
+#: A command longer than this (bytes, UTF-8; argv items summed) travels on stdin, not argv (Linux caps one argv
+#: string at 128 KiB, MAX_ARG_STRLEN).
+ARGV_LIMIT_BYTES = 128 * 1024
+
+# Read the script from stdin into a private file, run it with sh, remove it, keep its exit code.
+_FROM_STDIN = ('f=$(mktemp "${TMPDIR:-/tmp}/harbor-gym-cmd.XXXXXX") || exit 126; cat > "$f"; '
+               'sh "$f"; rc=$?; rm -f "$f"; exit $rc')
+# Store the script from stdin in a private file and print its path (the run then gets the caller's stdin).
+_STORE = 'f=$(mktemp "${TMPDIR:-/tmp}/harbor-gym-cmd.XXXXXX") || exit 126; cat > "$f" && printf %s "$f"'
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,6 +43,8 @@ class Turn:
             episode's one continued session (SES-3); ``None`` only for a `Turn` built outside the engine.
         solution_env: ``[solution].env`` (FMT-15 applied) for the oracle (ORACLE-2); secrets: never logged.
         env: variables every command of this turn gets (e.g. ``HARBOR_STEP_NAME``).
+        seed: the episode's reset seed (``None``: reset without a seed); agents derive their sampling seeds from it.
+        rollout: the rollout index the runner gave at reset (``reset(options={"rollout": k})``), else ``None``.
     """
 
     step_name: str
@@ -46,6 +60,9 @@ class Turn:
     solution_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     env: Mapping[str, str] = field(default_factory=dict)
     _expired: list = field(default_factory=list, repr=False)
+    seed: int | None = None
+    rollout: int | None = None
+    _model_calls: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "solution_env", MappingProxyType(dict(self.solution_env)))
@@ -70,6 +87,16 @@ class Turn:
         """Engine-side: stop this activation; later `exec` calls return a timed-out result at once."""
         self._expired.append(True)
 
+    def record_model_call(self, call: ModelCall | Mapping[str, Any]) -> None:
+        """GYM-13: hand one model call of this activation to the engine (it lands in ``info["turn"].model_calls``,
+        in the order recorded, even if the activation later overruns its budget)."""
+        self._model_calls.append(ModelCall.coerce(call))
+
+    @property
+    def model_calls(self) -> tuple[ModelCall, ...]:
+        """The calls recorded so far with `record_model_call`."""
+        return tuple(self._model_calls)
+
     def exec(
         self,
         command: str | Sequence[str],
@@ -82,6 +109,9 @@ class Turn:
         """Run ``command`` in the sandbox as the turn's agent user, bounded by ``timeout`` and the time left.
 
         A ``str`` runs through ``/bin/sh -c``; a sequence is argv. ``env`` is laid over the turn's ``env``.
+        A command of any length runs: one over `ARGV_LIMIT_BYTES` is sent on stdin to a small ``sh`` reader that
+        stores it in a private temporary file and runs it with ``sh`` (the command's own stdin is then empty, or,
+        when ``stdin`` is given, a second exec runs the stored file with ``stdin``).
 
         Returns:
             The `ExecResult`; ``timed_out`` is set when the command hit its bound (or the budget was already
@@ -95,5 +125,22 @@ class Turn:
         left = self.time_left_sec
         bound = timeout if left is None else (left if timeout is None else min(timeout, left))
         merged = {**self.env, **(env or {})}
-        return self._exec_fn(command, timeout=bound, user=self.user, env=merged, cwd=cwd or self.workdir,
-                             stdin=stdin)
+        run = dict(timeout=bound, user=self.user, env=merged, cwd=cwd or self.workdir)
+        text = command if isinstance(command, str) else shlex.join(command)
+        if _size(command) <= ARGV_LIMIT_BYTES:
+            return self._exec_fn(command, stdin=stdin, **run)
+        if stdin is None:
+            return self._exec_fn(["sh", "-c", _FROM_STDIN], stdin=text.encode(), **run)
+        stored = self._exec_fn(["sh", "-c", _STORE], stdin=text.encode(), **run)
+        if stored.exit_code != 0 or stored.timed_out or not stored.stdout.strip():
+            return stored
+        path = stored.stdout.strip()
+        left = self.time_left_sec
+        run["timeout"] = timeout if left is None else (left if timeout is None else min(timeout, left))
+        return self._exec_fn(["sh", "-c", 'sh "$0"; rc=$?; rm -f "$0"; exit $rc', path], stdin=stdin, **run)
+
+
+def _size(command: str | Sequence[str]) -> int:
+    if isinstance(command, str):
+        return len(command.encode())
+    return sum(len(str(a).encode()) + 1 for a in command)

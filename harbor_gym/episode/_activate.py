@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -37,7 +38,8 @@ class _ActivatePhase:
                     user=self._user_in_place, budget_sec=budget, workdir=sb.workdir, _exec_fn=sb.exec,
                     _deadline=None if bounded is None else time.monotonic() + bounded,
                     solution_env=self._solution_env if isinstance(t.agent, Oracle) else {},
-                    session=self._sessions.session_for_activation(t.agent))
+                    session=self._sessions.session_for_activation(t.agent),
+                    seed=self.seed, rollout=self.rollout)
         if self._agent_procs is not None:  # freeze_agent_during_verify: what is alive before the activation
             self._agent_procs.before_activation(self._list_processes(sb))
         if t.prelude is not None:
@@ -48,6 +50,8 @@ class _ActivatePhase:
             outcome = self._call_agent(t.agent, turn)
         else:
             outcome = self._call_in_thread(t.agent, turn, bounded)
+        if turn.model_calls:  # GYM-13: calls recorded on the turn come first, then the outcome's own
+            outcome = dataclasses.replace(outcome, model_calls=turn.model_calls + outcome.model_calls)
         if self._agent_procs is not None:  # ... and what the activation left behind
             self._agent_procs.after_activation(self._list_processes(sb))
         self._response = outcome.response  # STOP-9: the last turn whose agent ran (SES-3: the last activation)

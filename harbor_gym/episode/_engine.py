@@ -27,7 +27,7 @@ from harbor_gym.episode._freeze import LIST_SCRIPT, AgentProcesses
 from harbor_gym.episode._logs import EpisodeLogs
 from harbor_gym.episode._modes import effective_verifier_mode, render_instruction
 from harbor_gym.episode._prepare import _PreparePhase
-from harbor_gym.episode._records import EpisodeResult, TurnRecord, TurnResult
+from harbor_gym.episode._records import EpisodeResult, TurnRecord, TurnResult, outcome_fields
 from harbor_gym.episode._rewards import turn_reward
 from harbor_gym.episode._rollup import ScoreKind, TurnScore, episode_verifier_mode, roll_up
 from harbor_gym.episode._seed import _SeedPhase
@@ -92,11 +92,15 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             or the warm pools when ``config.pool_size > 0``. A factory with ``claim_prepared(spec, key, prepare)``
             (`harbor_gym.sandbox.pool.PoolFactory`) hands out agent sandboxes already seeded (GYM-2).
         agent: the announced agent (GYM-4), needed by LOAD-20/22 checks in ``start()``.
+        seed, rollout: the reset seed and rollout index, given to every agent as ``turn.seed``/``turn.rollout``.
     """
 
     def __init__(self, task: Task | str | os.PathLike, config: EnvConfig | dict | None = None,
-                 sandbox_factory: Callable[[SandboxSpec], Sandbox] | None = None, agent: Any = None) -> None:
+                 sandbox_factory: Callable[[SandboxSpec], Sandbox] | None = None, agent: Any = None, *,
+                 seed: int | None = None, rollout: int | None = None) -> None:
         self.config = EnvConfig.coerce(config)
+        #: GYM-13: handed to every activation as ``turn.seed`` / ``turn.rollout``.
+        self.seed, self.rollout = seed, rollout
         if not isinstance(task, Task):
             from harbor_gym.task import load_task
 
@@ -213,7 +217,9 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         seed_refusals(self.task, self.config, self.agent, backend=self._backend_name(), separate_steps=separate)
         self._env = resolved_env(self.task.config.environment.env, where="environment.env")
         self._solution_env = resolved_env(self.task.config.solution.env, where="solution.env")
-        spec = agent_spec(self.task, env=self._env, pids_limit=self.config.pids_limit)
+        spec = agent_spec(self.task, env=self._env, pids_limit=self.config.pids_limit,
+                          default_storage_mb=self.config.default_storage_mb,
+                          default_memory_mb=self.config.default_memory_mb)
         self._agent_spec = spec
         self._clock = DeadlineClock(self._deadline(), wall=self.config.deadline_clock.value == "wall")
         self._logs = EpisodeLogs(self.config.logs_root, self.task.id)
@@ -310,6 +316,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         t.timings["turn"] = time.monotonic() - t_turn
         if fault is TurnFault.NONE and self._clock.remaining() is not None and self._clock.remaining() <= 0:
             fault = TurnFault.DEADLINE
+        fault = self._storage_fault(t, fault)  # GYM-10: a failed turn whose sandbox is at its storage bound
         if fault is TurnFault.DEADLINE:
             during = f"during {t.phase}" if t.phase else "before the turn began"
             t.cause = f"episode deadline of {self._clock.deadline_s:.0f} s passed {during}"
@@ -344,6 +351,10 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         if policy in (AgentOutcomePolicy.RETRY, AgentOutcomePolicy.FAIL):
             t.cause = (f"the agent ended with status error (exit code {t.outcome.exit_code}); "
                        f"agent_outcome_policy {policy.value}")
+            if t.outcome.failure_kind:  # the agent's own kind and its first output line (GYM-13)
+                why = (t.outcome.output_tail or "").strip().splitlines()[:1]
+                t.cause = f"{t.outcome.failure_kind}: {why[0] if why else 'no detail'}; agent_outcome_policy " \
+                          f"{policy.value}"
             return TurnFault.AGENT_RETRY if policy is AgentOutcomePolicy.RETRY else TurnFault.AGENT_FAIL
         with _timed(t, "artifacts"):
             self._collect(t)
@@ -387,6 +398,8 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         if t.verified and not t.masked:
             self._verified_modes.append(t.mode)
         failure_kind = t.prep_kind if fault is TurnFault.PREP_FAILED else verdict.failure_kind
+        if fault in (TurnFault.AGENT_RETRY, TurnFault.AGENT_FAIL) and t.outcome and t.outcome.failure_kind:
+            failure_kind = t.outcome.failure_kind  # the agent's own kind (GYM-13: harbor_gym:model_unreachable)
         if t.engine_error:
             failure_kind = ENGINE_ERROR_KIND
         message = None
@@ -400,7 +413,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             exit_code=t.outcome.exit_code if t.outcome else None,
             output_tail=t.outcome.output_tail if t.outcome else None, manifest=t.manifest,
             log_dir=self._logs.public(t.dirs.turn), timings=dict(t.timings), mask_reason=t.mask_reason,
-            failure_message=message)
+            failure_message=message, **outcome_fields(t.outcome))
         self._records.append(record)
         for k, v in t.timings.items():
             self._timings[k] = self._timings.get(k, 0.0) + v

@@ -8,7 +8,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TurnRecord", "EpisodeResult", "TurnResult", "ManifestEntry"]
+from harbor_gym.agents._model_calls import ModelCall
+from harbor_gym.agents._outcome import AgentOutcome
+
+__all__ = ["TurnRecord", "EpisodeResult", "TurnResult", "ManifestEntry", "turn_trainable", "outcome_fields"]
 
 
 def _jsonable(value: Any) -> Any:
@@ -69,6 +72,12 @@ class TurnRecord:
         timings: phase name -> seconds.
         failure_message: one line naming the task, the step and the cause, whenever ``failure_kind`` is set or the
             turn was masked (``mask_reason`` keeps its short code); ``None`` otherwise. Never holds env values.
+        outcome: the activation's `AgentOutcome` (status, policy, response, exit code, ATIF trajectory steps,
+            metadata) as plain picklable data, its ``model_calls`` moved to the field below; ``None`` when the
+            agent did not run (GYM-13).
+        model_calls: this activation's model calls (`harbor_gym.agents.ModelCall`), in order (GYM-13).
+        trainable: `turn_trainable` (GYM-13): false for masked, ungraded and infrastructure-outage turns, true for
+            measured and agent-caused ones.
     """
 
     task_id: str
@@ -90,10 +99,37 @@ class TurnRecord:
     timings: dict[str, float] = field(default_factory=dict)
     mask_reason: str | None = None
     failure_message: str | None = None
+    outcome: AgentOutcome | None = None
+    model_calls: tuple[ModelCall, ...] = ()
+    trainable: bool | None = None
+
+    def __post_init__(self) -> None:
+        # GYM-13: records rebuilt from to_dict() (Ray callers, rollout files) get their frozen parts back.
+        object.__setattr__(self, "outcome", AgentOutcome.coerce(self.outcome))
+        object.__setattr__(self, "model_calls", tuple(ModelCall.coerce(c) for c in self.model_calls))
+        if self.trainable is None:
+            object.__setattr__(self, "trainable", turn_trainable(self))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field."""
         return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def turn_trainable(record: Any) -> bool:
+    """GYM-13: a turn is trainable iff its reward was measured (graded, not masked; a measured 0.0 counts) or it
+    is an agent-caused outage (GYM-12); masked, ungraded and infrastructure-outage turns are not."""
+    if getattr(record, "agent_caused", False):
+        return True
+    return not record.masked and record.reward is not None
+
+
+def outcome_fields(outcome: AgentOutcome | None, recorded: tuple[ModelCall, ...] = ()) -> dict[str, Any]:
+    """GYM-13: the ``outcome`` and ``model_calls`` fields of a turn's record: the activation's outcome without its
+    calls, and the calls recorded on the `Turn` followed by the outcome's own."""
+    if outcome is None:
+        return {"outcome": None, "model_calls": tuple(recorded)}
+    calls = tuple(recorded) + tuple(outcome.model_calls)
+    return {"outcome": dataclasses.replace(outcome, model_calls=()), "model_calls": calls}
 
 
 @dataclass(frozen=True)

@@ -60,10 +60,12 @@ class SessionDriver:
     def check(self, action: Any, *, index: int, step_name: str) -> None:
         """SES-3: under ``continue`` the action must be the announced agent object; nothing runs otherwise.
 
+        A pickled copy of the announced agent counts as it when its class defines value equality (`_same_by_value`).
+
         Raises:
             SessionMismatchError: (a ``ValueError``) a different object; no side effect.
         """
-        if self.continued and action is not self.agent:
+        if self.continued and action is not self.agent and not _same_by_value(action, self.agent):
             raise SessionMismatchError(
                 f"turn_sessions='continue': turn {index} (step {step_name!r}) got a {type(action).__name__} that is "
                 f"not the agent object announced at reset ({type(self.agent).__name__}); pass the same object "
@@ -116,6 +118,14 @@ class SessionDriver:
         session.closed = True
         if started and is_harness_session(agent):
             _bounded_close(agent)
+
+
+def _same_by_value(action: Any, agent: Any) -> bool:
+    """SES-3 across a process boundary: an action that is a copy of the announced agent (``AsyncVectorEnv`` and Ray
+    ship actions pickled) counts as the same object when its class defines value equality (``__eq__`` of its own,
+    e.g. `ChatAgent`, whose conversation lives in ``turn.session``) and it compares equal."""
+    cls = type(agent)
+    return type(action) is cls and cls.__eq__ is not object.__eq__ and bool(action == agent)
 
 
 def _bounded_close(agent: Any) -> None:

@@ -1,0 +1,156 @@
+"""A scripted policy server speaking the OpenAI Chat Completions protocol (FastAPI + uvicorn on 127.0.0.1), answering
+in vLLM's response shape: tool calls, top-level ``prompt_token_ids``, ``choices[0].token_ids`` and logprobs whose
+tokens are ``"token_id:N"`` (SPEC GYM-13 tests).
+
+The policy reads the conversation, so it answers the same in any process that calls it:
+
+- model ``policy`` (tools mode): the commands are the instruction's lines starting with ``$ ``; it calls ``bash``
+  with the next one not yet run (counted by the ``tool`` messages after the last ``user`` message), and once all ran
+  replies ``done: <the first line of the last output> (users=<user messages seen>)`` with no tool call;
+- ``policy-text``: the same, with each command in a ```` ```bash ```` block and outputs read from ``user`` messages;
+- ``policy-nologprobs``: the ``policy`` answers, but a request carrying ``logprobs`` or ``return_token_ids`` gets a
+  400 naming the option (as closed APIs do);
+- ``policy-loop``: never stops (always one more ``bash`` call, ``echo again``);
+- ``policy-slow``: like ``policy-loop`` but each answer takes 1 s.
+
+Tokens come from a toy tokenizer that renders each message as ``[role id] + bytes of its text``, so the next call's
+prompt ids extend the previous prompt + completion exactly (one token segment per conversation). Logprobs are
+distinct floats derived from position and seed. Every request body is kept in ``server.requests``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+ROLE_IDS = {"system": 1, "user": 2, "assistant": 3, "tool": 4}
+
+
+def render_message(msg: dict[str, Any]) -> list[int]:
+    """The toy tokenizer: a role id, then the bytes of the content and tool-call arguments (offset by 10)."""
+    text = msg.get("content") or ""
+    for call in msg.get("tool_calls") or ():
+        text += "\x00" + call["function"]["name"] + "\x00" + call["function"]["arguments"]
+    return [ROLE_IDS.get(msg.get("role"), 5)] + [10 + b for b in text.encode()]
+
+
+def render(messages: list[dict[str, Any]]) -> list[int]:
+    return [tok for m in messages for tok in render_message(m)]
+
+
+def logprob(position: int, seed: int | None) -> float:
+    return -((position * 7919 + (seed or 0)) % 1000) / 997.0 - 1e-9 * position
+
+
+class PolicyServer:
+    """The server in a daemon thread; ``url`` is its ``/v1`` base."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.app = FastAPI()
+        self.app.post("/v1/chat/completions")(self._chat)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True, name="policy-server")
+
+    def start(self) -> "PolicyServer":
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the policy server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+
+    # --- the policy ------------------------------------------------------------------------------------
+    async def _chat(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        self.requests.append(body)
+        model = body.get("model", "policy")
+        if model == "policy-nologprobs":
+            for option in ("logprobs", "return_token_ids", "return_tokens_as_token_ids"):
+                if body.get(option):
+                    return JSONResponse(status_code=400, content={"error": {
+                        "message": f"Unsupported parameter: '{option}' is not supported with this model.",
+                        "type": "invalid_request_error", "param": option, "code": None}})
+        if model == "policy-slow":
+            import asyncio
+
+            await asyncio.sleep(1.0)
+        messages = body["messages"]
+        text_mode = model == "policy-text"
+        assistant = self._next(messages, text_mode=text_mode, loop=model in ("policy-loop", "policy-slow"))
+        return JSONResponse(self._response(body, messages, assistant))
+
+    def _next(self, messages: list[dict[str, Any]], *, text_mode: bool, loop: bool) -> dict[str, Any]:
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        users = sum(1 for m in messages if m["role"] == "user")
+        if loop:
+            return _tool_call(len(messages), "echo again")
+        if text_mode:
+            # in text mode the outputs come back as user messages: the instruction is the last user message
+            # without "Output of command"
+            first = max(i for i, m in enumerate(messages)
+                        if m["role"] == "user" and not m["content"].startswith("Output of command"))
+            commands = [line[2:] for line in messages[first]["content"].splitlines() if line.startswith("$ ")]
+            done = sum(1 for m in messages[first + 1:] if m["role"] == "assistant")
+            if done < len(commands):
+                return {"role": "assistant", "content": f"Running it.\n```bash\n{commands[done]}\n```\n"}
+            out = messages[-1]["content"] if done else ""
+            return {"role": "assistant", "content": f"done: {_first_output_line(out)} (users={users})"}
+        commands = [line[2:] for line in messages[last_user]["content"].splitlines() if line.startswith("$ ")]
+        ran = [m for m in messages[last_user + 1:] if m["role"] == "tool"]
+        if len(ran) < len(commands):
+            return _tool_call(len(messages), commands[len(ran)])
+        out = ran[-1]["content"] if ran else ""
+        return {"role": "assistant", "content": f"done: {_first_output_line(out)} (users={users})"}
+
+    def _response(self, body: dict[str, Any], messages: list[dict[str, Any]],
+                  assistant: dict[str, Any]) -> dict[str, Any]:
+        prompt_ids = render(messages) + [ROLE_IDS["assistant"]]  # the generation prompt
+        completion_ids = render_message(assistant)[1:]  # the role id is the template's, not sampled
+        seed = body.get("seed")
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": assistant.get("content"),
+                                                          "tool_calls": assistant.get("tool_calls", [])},
+                                  "finish_reason": "tool_calls" if assistant.get("tool_calls") else "stop"}
+        if body.get("logprobs"):
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            choice["logprobs"] = {"content": [
+                {"token": f"token_id:{tok}" if as_ids else chr(max(tok - 10, 32)),
+                 "logprob": logprob(len(prompt_ids) + i, seed), "bytes": None, "top_logprobs": []}
+                for i, tok in enumerate(completion_ids)]}
+        out: dict[str, Any] = {"id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion",
+                               "created": int(time.time()), "model": body.get("model"), "choices": [choice],
+                               "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
+                                         "total_tokens": len(prompt_ids) + len(completion_ids)}}
+        if body.get("return_token_ids"):
+            out["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = completion_ids
+        return out
+
+
+def _tool_call(n: int, command: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"call_{n}", "type": "function", "function": {"name": "bash",
+                                                              "arguments": json.dumps({"command": command})}}]}
+
+
+def _first_output_line(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("[exit code")
+             and not ln.startswith("Output of command")]
+    return lines[0].strip() if lines else ""
