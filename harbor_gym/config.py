@@ -98,6 +98,7 @@ class HostSettings(BaseModel):
     pull_policy: PullPolicy = PullPolicy.MISSING
     image_aliases: dict[str, str] = Field(default_factory=dict)
     rootfs_aliases: dict[str, str] = Field(default_factory=dict)
+    registry: str | None = None
 
 
 def host_settings() -> HostSettings:
@@ -230,6 +231,16 @@ class EnvConfig(BaseModel):
     logs_root: str | None = Field(
         None, description="Turn logs land here and are kept; None: a temporary folder removed at close."
     )
+    host_env_allowlist: tuple[str, ...] = Field(
+        (), description="FMT-15/compose interpolation: host variables a task may read (env templates such as "
+        "${VAR} and ${VAR:-default}, ${VAR} in environment/docker-compose.yaml). A variable outside it counts as "
+        "unset: the default is used, the host is never read; a template without a default is refused at seed "
+        "(LOAD-23), naming the variable. (): no host variable is readable.",
+    )
+    registry: str | None = Field(
+        None, description="Datasets by name (NAME@VERSION): a registry file in Harbor's registry.json format, a "
+        "local path or an http(s) URL. None: the host settings file's `registry`, else none (names do not resolve).",
+    )
     pool_size: int = Field(
         0, ge=0, description="Warm pool bound per sandbox spec (harbor_gym.sandbox.pool): N pristine sandboxes "
         "started and seeded (GYM-2: workdir, environment/ files, [environment].healthcheck) ahead, so that reset "
@@ -283,6 +294,10 @@ class EnvConfig(BaseModel):
     def effective_image_aliases(self) -> dict[str, str]:
         """The image alias table in force: this config's, else the host settings file's."""
         return dict(self.image_aliases) if self.image_aliases is not None else dict(host_settings().image_aliases)
+
+    def effective_registry(self) -> str | None:
+        """The dataset registry in force (path or URL): this config's, else the host settings file's, else None."""
+        return self.registry if self.registry is not None else host_settings().registry
 
     def effective_rootfs_aliases(self) -> dict[str, str]:
         """The rootfs alias table in force: this config's, else the host settings file's."""
