@@ -112,6 +112,8 @@ class SandboxSettings:
         lease_ttl_s: a sandbox whose lease is not renewed for this long removes itself.
         output_cap_bytes: cap of each of an exec's stdout and stderr.
         labels: extra labels on every container (after the spec's; the managed and run labels always win).
+        unfiltered_network: `EnvConfig.unfiltered_network`: where a backend cannot filter a public network from
+            the host, ``"refuse"`` refuses such a spec at start, ``"allow"`` runs it unfiltered (GYM-10).
     """
 
     pull_policy: str = "missing"
@@ -120,6 +122,7 @@ class SandboxSettings:
     lease_ttl_s: float = 60.0
     output_cap_bytes: int = 1 << 20
     labels: Mapping[str, str] = field(default_factory=dict)
+    unfiltered_network: str = "refuse"
 
     @classmethod
     def from_config(cls, config: "EnvConfig") -> "SandboxSettings":
@@ -131,13 +134,14 @@ class SandboxSettings:
             lease_ttl_s=config.lease_ttl_s,
             output_cap_bytes=config.output_cap_bytes,
             labels=MappingProxyType(dict(config.labels)),
+            unfiltered_network=config.unfiltered_network,
         )
 
     def __reduce__(self):
         return (
             SandboxSettings,
             (self.pull_policy, dict(self.image_aliases), dict(self.rootfs_aliases), self.lease_ttl_s,
-             self.output_cap_bytes, dict(self.labels)),
+             self.output_cap_bytes, dict(self.labels), self.unfiltered_network),
         )
 
 

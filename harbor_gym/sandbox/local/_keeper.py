@@ -58,18 +58,51 @@ def _fail(message):
     sys.stdout.flush()
 
 
+def _mount_disk_image(cfg, layer):
+    """A sparse file of ``storage_mb`` MiB holding a fresh journal-less ext4, loop-mounted on ``layer``.
+
+    GYM-10: the filesystem itself bounds the writable layer (``dd`` and ``fallocate`` alike get ENOSPC at the size),
+    the host disk grows by at most that size (deleted files are discarded back to holes), and nothing of it counts
+    against host memory. The loop device is released when the mount goes (autoclear), also when this keeper's mount
+    namespace dies with it after a SIGKILL.
+    """
+    image = os.path.join(cfg["dir"], "layer.img")
+    with open(image, "wb") as fh:
+        fh.truncate(int(cfg["storage_mb"]) * 1024 * 1024)
+    mkfs = subprocess.run(
+        [shutil.which("mkfs.ext4") or "/sbin/mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
+         "-E", "lazy_itable_init=1,nodiscard", image],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    if mkfs.returncode != 0:
+        raise OSError("mkfs.ext4 failed: %s" % mkfs.stdout.decode(errors="replace").strip()[-500:])
+    mount = subprocess.run(
+        [shutil.which("mount") or "/bin/mount", "-t", "ext4", "-o", "loop,noinit_itable,discard", image, layer],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    if mount.returncode != 0:
+        raise OSError("loop mount failed: %s" % mount.stdout.decode(errors="replace").strip()[-500:])
+
+
 def _mount_layer(cfg):
-    """Mount tmpfs (if asked) + overlay; returns the merged folder. Tries a tmpfs layer when a disk one fails."""
+    """Mount the writable layer and the overlay; returns the merged folder.
+
+    With ``storage_mb``: a loop-mounted ext4 image of that size (`_mount_disk_image`), else (no loop devices here)
+    a tmpfs of that size, which counts against host memory and the sandbox's memory limit. Without: a folder on the
+    temp root's filesystem, else an unbounded tmpfs. ``cfg["layer_kind"]`` says which one was used.
+    """
     base = cfg["dir"]
     layer = os.path.join(base, "layer")
     merged = os.path.join(base, "merged")
     os.makedirs(layer, exist_ok=True)
     os.makedirs(merged, exist_ok=True)
-    attempts = ["tmpfs"] if cfg["storage_mb"] else ["disk", "tmpfs"]
+    attempts = ["disk-image", "tmpfs"] if cfg["storage_mb"] else ["disk", "tmpfs"]
     errors = []
     for kind in attempts:
         try:
-            if kind == "tmpfs":
+            if kind == "disk-image":
+                _mount_disk_image(cfg, layer)
+            elif kind == "tmpfs":
                 opts = "mode=0755"
                 if cfg["storage_mb"]:
                     opts += ",size=%dm" % int(cfg["storage_mb"])
@@ -80,11 +113,16 @@ def _mount_layer(cfg):
             os.makedirs(work, exist_ok=True)
             os.chmod(upper, 0o755)
             _mount("overlay", merged, "overlay", "lowerdir=%s,upperdir=%s,workdir=%s" % (cfg["lower"], upper, work))
+            cfg["layer_kind"] = kind
             return merged
         except OSError as exc:
             errors.append("%s layer: %s" % (kind, exc))
-            if kind == "tmpfs":
+            if kind != "disk":
                 _umount(layer)
+            try:
+                os.unlink(os.path.join(base, "layer.img"))
+            except OSError:
+                pass
     raise OSError("cannot mount the sandbox's overlay (" + "; ".join(errors) + ")")
 
 
@@ -229,7 +267,7 @@ def main():
                 _fail("bubblewrap did not set up the sandbox's root: " + (log.strip() or "no output"))
                 return 3
             time.sleep(0.002)
-        sys.stdout.write(json.dumps({"pid": pid}) + "\n")
+        sys.stdout.write(json.dumps({"pid": pid, "layer": cfg.get("layer_kind")}) + "\n")
         sys.stdout.flush()
         lease = cfg["lease"]
         ttl = float(cfg["ttl"])

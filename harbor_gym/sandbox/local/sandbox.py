@@ -3,29 +3,39 @@
 Layout of one sandbox (see ``_keeper.py`` for the process that owns it):
 
 - root: an overlayfs of the image's root filesystem folder (read-only, never written) and a writable layer of the
-  sandbox's own (a folder under ``$HARBOR_GYM_LOCAL_ROOT`` or ``<tmp>/harbor-gym-local/<name>``, a size-bounded tmpfs
-  when ``storage_mb`` is set), mounted only in the keeper's private mount namespace;
-- private mount, PID, IPC and UTS namespaces; a private network namespace (loopback only) when the network is off,
-  the host's network namespace when it is on; Docker's default capability set;
+  sandbox's own, mounted only in the keeper's private mount namespace. With ``storage_mb`` (the episode layer fills
+  in `EnvConfig.default_storage_mb`, 10240) the layer is a loop-mounted ext4 image of exactly that size in the
+  sandbox's folder (``$HARBOR_GYM_LOCAL_ROOT``, else ``<tmp>/harbor-gym-local/<name>``): a writer gets ENOSPC at
+  the bound (``dd`` and ``fallocate`` alike), the host disk grows by at most the bound, host memory not at all, and
+  `storage_exceeded` tells the engine (GYM-10). Only where no loop device can be had is it a tmpfs of that size
+  (charged to host memory and to the sandbox's memory limit). Keep ``$HARBOR_GYM_LOCAL_ROOT`` on a disk, not a
+  tmpfs. Without ``storage_mb`` the layer is a plain folder there (unbounded);
+- private mount, PID, IPC, UTS and network namespaces, always: with the network off the network namespace holds
+  only ``lo``; with it on, ``eth0`` on a host bridge whose firewall lets the sandbox reach neither a host address
+  nor a sibling (``_net.py``). Where that filter cannot be installed a public network is refused at start unless
+  `SandboxSettings.unfiltered_network` is ``"allow"``, which shares the host's network namespace (GYM-10);
+- memory (``memory_mb``, the episode layer's default 4096), pids and cpus through cgroups (``_cgroups.py``);
 - ``/proc``, ``/dev``, ``/etc/hosts``, ``/etc/hostname``, the spec's tmpfs mounts, the workdir and ``/logs/{agent,
-  verifier,artifacts}``; a fresh read-only ``/sys`` of the sandbox's network namespace (``/sys/class/net`` holds
-  only ``lo`` when the network is off) whose ``/sys/fs/cgroup`` shows the sandbox's own cgroups, laid out like
-  Docker's, when it has limits (cgroup v1 or v2); a ``storage_mb`` tmpfs layer is charged to the memory limit too;
+  verifier,artifacts}``; a fresh read-only ``/sys`` of the sandbox's network namespace whose ``/sys/fs/cgroup``
+  shows the sandbox's own cgroups, laid out like Docker's, when it has limits (cgroup v1 or v2);
 - a lease (`harbor_gym.sandbox.lease`, the process's unless one is given): the keeper ends the sandbox and removes
   everything of it once the lease file has not been renewed for ``lease_ttl_s`` (the trainer died) or is gone.
 
-Commands enter the namespaces with ``nsenter`` (a few ms per exec) and drop to the user with the sandbox's own
-``setpriv`` (supplementary groups, Docker's capability bounding set). A root filesystem without ``setpriv`` falls back
-to ``nsenter --setuid/--setgid``: no supplementary groups, and root keeps the host's capabilities there. Files move
-with the sandbox's own ``tar`` (``put``/``get``) or are read from the host through the sandbox's root (``read_file``).
-Users and owners are resolved from the sandbox's /etc/passwd and /etc/group, never the host's.
+Commands (``_exec.py``) start in a fresh host launcher (``_launch.py``, ~30 ms per exec) that joins the sandbox's
+namespaces and cgroups and drops to the command's user and to Docker's default capability set minus ``mknod``
+before its first ``execve``: no file of the sandbox (its ``sh``, libc, ``ld.so``, ``/etc/ld.so.preload``) is ever
+opened, mapped or run with host privileges (GYM-10). Files move with the sandbox's own ``tar`` run that way
+(``put``/``get``) or are read from the host beneath the sandbox's root (``read_file``, ``copy_out``). Users and
+owners are resolved from the sandbox's /etc/passwd and /etc/group, never the host's.
 What this backend cannot honour is refused at `start` with `SandboxUnavailableError`: a build context, an image with
-no root filesystem folder, GPUs, a limit that cgroups cannot enforce here (LOAD-24).
+no root filesystem folder, GPUs, a limit that cgroups cannot enforce here (LOAD-24), an unfilterable public network
+(GYM-10).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
@@ -43,7 +53,7 @@ from pathlib import Path
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec, SandboxState
-from harbor_gym.sandbox.local import _cgroups
+from harbor_gym.sandbox.local import _cgroups, _net
 from harbor_gym.sandbox.local._exec import _CAPS, LocalExecMixin
 from harbor_gym.sandbox.local._files import LocalFilesMixin
 
@@ -52,6 +62,7 @@ __all__ = ["LocalSandbox", "local_root", "local_unavailable_reason"]
 _KEEPER = Path(__file__).with_name("_keeper.py")
 _TASK_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
 _START_TIMEOUT_S = 30.0
+_log = logging.getLogger("harbor_gym.sandbox.local")
 
 
 def local_root() -> Path:
@@ -113,6 +124,9 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         self._pid: int | None = None
         self._cgroups = _cgroups.CgroupSet()
         self._lock = threading.Lock()
+        self._layer: str | None = None
+        self._address: str | None = None
+        self._host_network = False
 
     # --- protocol properties -----------------------------------------------------------------------------
     @property
@@ -209,6 +223,7 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         spec = self.spec
         rootfs = self.resolve_rootfs()
         self._refuse_unsupported()
+        self._host_network = self._refuse_unfiltered_network()
         lease = self._lease_obj or leases.process_lease()
         lease.want_ttl(self.settings.lease_ttl_s)
         self.run_id = lease.run_id
@@ -239,12 +254,13 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
             "dir": str(self._dir), "lower": str(rootfs), "storage_mb": spec.storage_mb, "lease": str(lease.path),
             "ttl": self.settings.lease_ttl_s, "prefix": prefix, "args": args, "files": files,
             "dirs": sorted({self.workdir, *_TASK_DIRS} - {"/"}), "cgroups": list(self._cgroups.dirs),
-            "cgroup_binds": [list(b) for b in self._cgroups.binds], "private_net": not spec.network,
+            "cgroup_binds": [list(b) for b in self._cgroups.binds], "private_net": not self._host_network,
         }
-        # The keeper's own mount namespace (the overlay never shows on the host) and, with the network off, a
-        # fresh network namespace holding only loopback, shared by bwrap and every exec.
+        # The keeper's own mount namespace (the overlay never shows on the host) and a fresh network namespace
+        # holding only loopback (GYM-10; a public network adds eth0 on the filtered bridge below), shared by bwrap
+        # and every exec.
         argv = [shutil.which("unshare") or "unshare", "--mount", "--propagation", "private"]
-        if not spec.network:
+        if not self._host_network:
             argv.append("--net")
         argv += ["--", sys.executable, "-I", "-S", str(_KEEPER), json.dumps(cfg)]
         self._keeper = subprocess.Popen(
@@ -254,6 +270,31 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         if "error" in report:
             raise SandboxUnavailableError(f"the local sandbox could not start: {report['error']}", field="start")
         self._pid = int(report["pid"])
+        self._layer = report.get("layer")
+        if spec.network and not self._host_network:
+            self._address = str(_net.attach(self._pid, self._dir))
+
+    def _refuse_unfiltered_network(self) -> bool:
+        """GYM-10: whether the sandbox must share the host's network namespace (a public network where the host
+        filter cannot be installed and ``unfiltered_network == "allow"``); False otherwise.
+
+        Raises:
+            SandboxUnavailableError: a public network, no filter here, and ``unfiltered_network == "refuse"``.
+        """
+        if not self.spec.network:
+            return False
+        reason = _net.filter_unavailable_reason()
+        if reason is None:
+            return False
+        if self.settings.unfiltered_network != "allow":
+            raise SandboxUnavailableError(
+                f"the task's network is public but the local backend cannot filter it from the host here ({reason}),"
+                " so its sandbox would reach every host service on 127.0.0.1 and every sibling sandbox; run as root"
+                " with ip/iptables, use network_mode = 'no-network', or accept it with "
+                "EnvConfig(unfiltered_network='allow')", field="network", rule="GYM-10")
+        _log.warning("local sandbox %s: public network unfiltered (%s); it shares the host's network namespace "
+                     "and reaches every host service and sibling", self.name, reason)
+        return True
 
     def _read_report(self) -> dict:
         keeper = self._keeper
@@ -278,6 +319,21 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
             return []
         script = "".join(f"echo $$ > {shlex.quote(d + '/cgroup.procs')} && " for d in self._cgroups.dirs)
         return ["/bin/sh", "-c", script + 'exec "$@"', "sh"]
+
+    def storage_exceeded(self) -> bool:
+        """True iff the sandbox's writable layer is bounded (``storage_mb``) and full now: less than
+        min(4 MiB, 2 % of the bound) is left, as its own filesystem counts it (GYM-10, GYM-12). False when unbounded
+        or no longer running. A read of the host's statfs of the sandbox's root; nothing inside can spoof it."""
+        size_mb = self.spec.storage_mb
+        pid = self._pid
+        if size_mb is None or pid is None:
+            return False
+        try:
+            st = os.statvfs(f"/proc/{pid}/root")  # overlayfs reports its upper layer: the bounded filesystem
+        except OSError:
+            return False
+        free = st.f_bavail * st.f_frsize
+        return free < min(4 << 20, size_mb * (1 << 20) // 50)
 
     def is_alive(self) -> bool:
         """True iff the sandbox runs (its keeper and PID 1 are up)."""
@@ -311,6 +367,8 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
                     stream.close()
         _cgroups.remove_cgroups(self._cgroups.dirs)
         shutil.rmtree(self._dir, ignore_errors=True)
+        _net.release(self._address)
+        self._address = None
         leases.unregister(self)
         self._pid = None
 

@@ -152,14 +152,17 @@ def test_refuses_gpus(settings):
     assert info.value.rule == "LOAD-24"
 
 
-def test_private_network_has_only_loopback_and_host_network_is_shared(settings):
+def test_private_network_has_only_loopback_and_public_network_its_own_namespace(settings):
+    # SPEC GYM-10: every local sandbox has its own network namespace; a public one gets eth0 on the filtered bridge,
+    # never the host's interfaces (tests/hostile/test_local_privilege.py checks what it cannot reach).
     with _local(SandboxSpec(image=BASE, network=False), settings) as sb:
         r = sb.exec("ls /sys/class/net; python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); "
                     "s.listen(); c=socket.create_connection(s.getsockname()); print(\"lo-ok\")'", timeout=10)
         assert r.stdout.split() == ["lo", "lo-ok"], r
     with _local(SandboxSpec(image=BASE, network=True), settings) as sb:
         inside = set(sb.exec("ls /sys/class/net", timeout=10).stdout.split())
-        assert inside == set(os.listdir("/sys/class/net"))
+        assert inside == {"eth0", "lo"}
+        assert os.readlink(f"/proc/{sb.pid}/ns/net") != os.readlink("/proc/self/ns/net")
 
 
 def test_storage_limit_bounds_the_writable_layer(settings):

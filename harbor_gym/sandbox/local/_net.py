@@ -1,0 +1,245 @@
+"""Egress of public-network local sandboxes: one host bridge, one veth per sandbox, and a host firewall through
+which a sandbox reaches no host address and no sibling (SPEC GYM-10; issue 12 item 7, local part).
+
+Every local sandbox has its own network namespace (`LocalSandbox` starts its keeper with ``unshare --net``); with the
+network off it holds only ``lo``. With the network on, `attach` adds:
+
+- a veth pair: its host end is a port of the bridge `BRIDGE` (``hg-local0``, created once by `ensure_bridge`) with
+  *port isolation* on, so no frame passes between two sandboxes' ports; its sandbox end becomes ``eth0`` with one
+  address of `subnet()` (default ``10.213.0.0/16``, ``$HARBOR_GYM_LOCAL_SUBNET``) and a default route through the
+  bridge's address. IPv6 is off on both ends and on the bridge (no link-local path to the host);
+- host firewall rules, installed idempotently: everything entering the host from the bridge is dropped (``INPUT -i
+  hg-local0 -j DROP``, IPv4 and IPv6: not the bridge's address, not 127.0.0.1, not any host IP, not Docker's
+  gateways); forwarded traffic from the bridge is accepted only towards the interfaces that carry a default route
+  (masqueraded there) and dropped towards anything else (the bridge itself, Docker's bridges, other interfaces);
+  traffic back to the bridge only as replies (conntrack).
+
+Every host command here runs host binaries (``ip``, ``bridge``, ``iptables``) in the host's mount namespace; the
+ones that configure ``eth0`` join only the sandbox's network namespace (``nsenter --net``), never its mount
+namespace, so no file of the sandbox is used. Addresses are leased as files under `LEASE_DIR` (created exclusively,
+naming the sandbox's folder; a lease whose folder is gone is stale and reused). The veth pair vanishes with the
+sandbox's network namespace.
+
+Where the filter cannot be installed (not root, no ``ip``/``iptables``, an address clash), `filter_unavailable_reason`
+says why; `LocalSandbox` then refuses a public-network spec unless told that unfiltered egress is acceptable.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+from harbor_gym.errors import SandboxUnavailableError
+
+__all__ = ["BRIDGE", "LEASE_DIR", "subnet", "filter_unavailable_reason", "ensure_bridge", "attach", "release"]
+
+BRIDGE = "hg-local0"
+#: Where address leases live (one file per address in use).
+LEASE_DIR = Path("/run/harbor-gym-local-net")
+_CHAIN_OUT = "HG-LOCAL-OUT"  # FORWARD, from a sandbox
+_CHAIN_BACK = "HG-LOCAL-BACK"  # FORWARD, towards a sandbox
+_DEFAULT_SUBNET = "10.213.0.0/16"
+_TIMEOUT_S = 20.0
+_ensured = False
+
+
+def subnet() -> ipaddress.IPv4Network:
+    """The sandboxes' subnet (``$HARBOR_GYM_LOCAL_SUBNET``, else 10.213.0.0/16)."""
+    return ipaddress.IPv4Network(os.environ.get("HARBOR_GYM_LOCAL_SUBNET") or _DEFAULT_SUBNET)
+
+
+def _gateway() -> ipaddress.IPv4Address:
+    return next(subnet().hosts())
+
+
+def _run(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=_TIMEOUT_S, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    if check and proc.returncode != 0:
+        raise SandboxUnavailableError(
+            f"the local backend's network filter failed: {' '.join(argv)}: "
+            f"{proc.stderr.decode(errors='replace').strip()[-500:]}", field="network")
+    return proc
+
+
+def _tool(name: str) -> str | None:
+    return shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+def _routes() -> list[dict]:
+    out = _run([_tool("ip") or "ip", "-j", "-4", "route", "show", "table", "all"], check=False)
+    try:
+        return json.loads(out.stdout or b"[]")
+    except ValueError:
+        return []
+
+
+def filter_unavailable_reason() -> str | None:
+    """None when `ensure_bridge` can install the filter here, else why not (for the refusal's message)."""
+    if os.geteuid() != 0:
+        return "installing the host firewall for the sandboxes' bridge needs root"
+    for tool in ("ip", "bridge", "iptables", "ip6tables", "nsenter"):
+        if _tool(tool) is None:
+            return f"{tool} is not installed (run scripts/setup-host.sh)"
+    net = subnet()
+    for route in _routes():
+        dst = route.get("dst")
+        if not dst or dst == "default" or route.get("dev") == BRIDGE:
+            continue
+        try:
+            other = ipaddress.ip_network(dst, strict=False)
+        except ValueError:
+            continue
+        if other.version == 4 and other.overlaps(net) and other.prefixlen > 0:
+            return f"the sandboxes' subnet {net} overlaps the host route {dst} (set HARBOR_GYM_LOCAL_SUBNET)"
+    return None
+
+
+def _uplinks() -> list[str]:
+    """The interfaces carrying a default route (egress goes there and nowhere else)."""
+    devs = []
+    for route in _routes():
+        if route.get("dst") == "default" and route.get("dev") and route["dev"] != BRIDGE:
+            if route["dev"] not in devs:
+                devs.append(route["dev"])
+    return devs
+
+
+def _ensure_rule(tool: str, table: str, chain: str, rule: list[str]) -> None:
+    """Insert ``rule`` at the top of ``chain`` unless it is there."""
+    if _run([tool, "-w", "-t", table, "-C", chain, *rule], check=False).returncode != 0:
+        _run([tool, "-w", "-t", table, "-I", chain, "1", *rule])
+
+
+def _fill_chain(tool: str, chain: str, rules: list[list[str]]) -> None:
+    if _run([tool, "-w", "-t", "filter", "-n", "-L", chain], check=False).returncode != 0:
+        _run([tool, "-w", "-t", "filter", "-N", chain])
+    _run([tool, "-w", "-t", "filter", "-F", chain])
+    for rule in rules:
+        _run([tool, "-w", "-t", "filter", "-A", chain, *rule])
+
+
+def ensure_bridge() -> None:
+    """Create the bridge and install the firewall (idempotent; serialised across processes by a lock file).
+
+    Raises:
+        SandboxUnavailableError: `filter_unavailable_reason`, or a host command failed.
+    """
+    global _ensured
+    reason = filter_unavailable_reason()
+    if reason:
+        raise SandboxUnavailableError(f"the local backend cannot isolate a public network here: {reason}",
+                                      field="network", rule="GYM-10")
+    LEASE_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ip, iptables, ip6tables = _tool("ip"), _tool("iptables"), _tool("ip6tables")
+    with open(LEASE_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _run([ip, "link", "show", BRIDGE], check=False).returncode != 0:
+            _run([ip, "link", "add", BRIDGE, "type", "bridge"])
+        _write_sysctl(f"/proc/sys/net/ipv6/conf/{BRIDGE}/disable_ipv6", "1")
+        gw = f"{_gateway()}/{subnet().prefixlen}"
+        _run([ip, "addr", "replace", gw, "dev", BRIDGE])
+        _run([ip, "link", "set", BRIDGE, "up"])
+        uplinks = _uplinks()
+        out_rules = [["-o", dev, "-j", "ACCEPT"] for dev in uplinks] + [["-j", "DROP"]]
+        back_rules = [["-i", dev, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"]
+                      for dev in uplinks] + [["-j", "DROP"]]
+        _fill_chain(iptables, _CHAIN_OUT, out_rules)
+        _fill_chain(iptables, _CHAIN_BACK, back_rules)
+        _ensure_rule(iptables, "filter", "FORWARD", ["-o", BRIDGE, "-j", _CHAIN_BACK])
+        _ensure_rule(iptables, "filter", "FORWARD", ["-i", BRIDGE, "-j", _CHAIN_OUT])
+        _ensure_rule(iptables, "filter", "INPUT", ["-i", BRIDGE, "-j", "DROP"])
+        for dev in uplinks:
+            _ensure_rule(iptables, "nat", "POSTROUTING", ["-s", str(subnet()), "-o", dev, "-j", "MASQUERADE"])
+        for chain in ("INPUT", "FORWARD"):
+            _ensure_rule(ip6tables, "filter", chain, ["-i", BRIDGE, "-j", "DROP"])
+        _ensure_rule(ip6tables, "filter", "FORWARD", ["-o", BRIDGE, "-j", "DROP"])
+    _ensured = True
+
+
+def _write_sysctl(path: str, value: str) -> None:
+    try:
+        with open(path, "w") as fh:
+            fh.write(value)
+    except FileNotFoundError:  # IPv6 disabled on this host: nothing to turn off
+        pass
+
+
+def _lease_address(owner: Path) -> ipaddress.IPv4Address:
+    """An address of the subnet no live sandbox holds, leased to ``owner`` (a sandbox folder)."""
+    net = subnet()
+    first, size = int(net.network_address), net.num_addresses
+    for _ in range(256):
+        addr = ipaddress.IPv4Address(first + 2 + secrets.randbelow(size - 3))
+        path = LEASE_DIR / str(addr)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            try:
+                holder = Path(path.read_text())
+            except OSError:
+                continue
+            if not holder.exists():  # its sandbox is gone: a stale lease
+                path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(owner))
+        return addr
+    raise SandboxUnavailableError(f"no free address left in {net} for a local sandbox", field="network")
+
+
+def attach(pid: int, owner: Path) -> ipaddress.IPv4Address:
+    """Give the network namespace of ``pid`` an ``eth0`` on the bridge (see the module docstring).
+
+    Returns:
+        the sandbox's address (leased to ``owner`` until `release`).
+
+    Raises:
+        SandboxUnavailableError: the filter is unavailable or a host command failed (the lease is released).
+    """
+    if not _ensured or _run([_tool("ip") or "ip", "link", "show", BRIDGE], check=False).returncode != 0:
+        ensure_bridge()
+    ip, bridge, nsenter = _tool("ip"), _tool("bridge"), _tool("nsenter")
+    addr = _lease_address(owner)
+    tag = secrets.token_hex(5)
+    host_end, inner = f"hgv{tag}", f"hgp{tag}"
+    netns = [nsenter, f"--net=/proc/{pid}/ns/net", "--"]  # the network namespace only, never the mount one
+    try:
+        _run([ip, "link", "add", host_end, "type", "veth", "peer", "name", inner])
+        try:
+            _write_sysctl(f"/proc/sys/net/ipv6/conf/{host_end}/disable_ipv6", "1")
+            _run([ip, "link", "set", inner, "netns", str(pid)])
+            _run([ip, "link", "set", host_end, "master", BRIDGE])
+            _run([bridge, "link", "set", "dev", host_end, "isolated", "on"])
+            _run([ip, "link", "set", host_end, "up"])
+        except BaseException:
+            _run([ip, "link", "del", host_end], check=False)
+            raise
+        prefix = subnet().prefixlen
+        _run([*netns, ip, "link", "set", inner, "name", "eth0"])
+        _run([*netns, "/bin/sh", "-c", "echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6 2>/dev/null; :"])
+        _run([*netns, ip, "addr", "add", f"{addr}/{prefix}", "dev", "eth0"])
+        _run([*netns, ip, "link", "set", "eth0", "up"])
+        _run([*netns, ip, "route", "add", "default", "via", str(_gateway())])
+    except BaseException:
+        release(addr)
+        raise
+    return addr
+
+
+def release(addr: ipaddress.IPv4Address | str | None) -> None:
+    """Give the address back (idempotent, never raises)."""
+    if addr is None:
+        return
+    try:
+        (LEASE_DIR / str(addr)).unlink()
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            pass
