@@ -1,0 +1,396 @@
+"""GYM-10 on the local (bubblewrap) backend: a root agent cannot get host privileges, reach the host's network or a
+sibling, or grow the host's disk past its sandbox's storage bound.
+
+Privilege: the agent (root in its sandbox) replaces a file that a host-privileged helper would run or map on the next
+command — ``setpriv``, ``/bin/sh``, libc, ``ld-linux`` or ``/etc/ld.so.preload`` — with a payload (built here with
+the host's gcc) that records its uid and effective capabilities in ``/hg-evidence`` and tries to escape: read a
+host-only file directly, make a device node for the host's disk, mount it, read that file and write a marker onto
+the host. At the next commands nothing host-privileged happens: every run of the payload holds at most the sandbox's
+capability set (Docker's default minus ``mknod``), never ``CAP_SYS_ADMIN``; the host file is never read and the
+marker never written. (Before the launcher, the replaced ``setpriv`` ran as host root with every capability.)
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harbor_gym.config import EnvConfig, host_settings
+from harbor_gym.errors import SandboxUnavailableError
+from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec
+from harbor_gym.sandbox.local import LocalSandbox
+from harbor_gym.sandbox.local import _net
+from harbor_gym.sandbox.local._exec import CAP_MASK
+
+from .helpers import BASE_IMAGE, LABEL
+
+pytestmark = pytest.mark.bwrap
+
+CAP_SYS_ADMIN = 1 << 21
+CAP_MKNOD = 1 << 27
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+_PAYLOAD_C = r"""
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+static void note(int fd, const char *what, int rc) {
+    char line[256];
+    int n = snprintf(line, sizeof line, "%s=%d\n", what, rc == 0 ? 0 : errno);
+    write(fd, line, n);
+}
+
+static void copy_secret(int out, const char *tag, const char *path) {
+    char buf[512];
+    int s = open(path, O_RDONLY);
+    if (s < 0) return;
+    int n = read(s, buf, sizeof buf);
+    close(s);
+    if (n > 0) { write(out, tag, strlen(tag)); write(out, buf, n); write(out, "\n", 1); }
+}
+
+static void attempt(void) {
+    int fd = open("/hg-evidence", O_WRONLY | O_CREAT | O_APPEND, 0666);
+    if (fd < 0) return;
+    char buf[4096];
+    int st = open("/proc/self/status", O_RDONLY);
+    int n = st >= 0 ? read(st, buf, sizeof buf - 1) : 0;
+    if (st >= 0) close(st);
+    buf[n > 0 ? n : 0] = 0;
+    char *cap = strstr(buf, "CapEff:");
+    char line[128];
+    int m = snprintf(line, sizeof line, "run uid=%d cap=%.24s\n", (int)getuid(), cap ? cap + 7 : "?");
+    write(fd, line, m);
+    copy_secret(fd, "secret-direct:", SECRET);
+    note(fd, "mknod", mknod("/hg-disk", S_IFBLK | 0600, makedev(DISK_MAJOR, DISK_MINOR)));
+    mkdir("/hg-mnt", 0700);
+    int rc = mount("/hg-disk", "/hg-mnt", FSTYPE, 0, NULL);
+    note(fd, "mount", rc);
+    if (rc == 0) {
+        copy_secret(fd, "secret-mount:", "/hg-mnt" SECRET);
+        int w = open("/hg-mnt" MARKER, O_WRONLY | O_CREAT, 0644);
+        note(fd, "marker", w < 0 ? -1 : 0);
+        if (w >= 0) close(w);
+        umount2("/hg-mnt", MNT_DETACH);
+    }
+    close(fd);
+}
+
+#ifdef AS_LIBRARY
+__attribute__((constructor)) static void payload_init(void) { attempt(); }
+#else
+int main(void) { attempt(); return 0; }
+#endif
+"""
+
+
+#: The same attempt without libc (raw syscalls), so that it also runs as an ELF interpreter (a replaced ld-linux).
+_FREESTANDING_C = r"""
+static long sc(long n, long a, long b, long c, long d, long e) {
+    long r;
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8) : "rcx", "r11", "memory");
+    return r;
+}
+static long len(const char *s) { long n = 0; while (s[n]) n++; return n; }
+static void put(long fd, const char *s) { sc(1, fd, (long)s, len(s), 0, 0); }
+static void num(long fd, long v) {
+    char b[24]; int i = 23; b[i] = 0; int neg = v < 0; if (neg) v = -v;
+    do { b[--i] = '0' + v % 10; v /= 10; } while (v);
+    if (neg) b[--i] = '-';
+    put(fd, b + i);
+}
+static void note(long fd, const char *what, long rc) { put(fd, what); put(fd, "="); num(fd, rc < 0 ? -rc : 0); put(fd, "\n"); }
+static void copy_secret(long out, const char *tag, const char *path) {
+    char buf[512]; long s = sc(2, (long)path, 0, 0, 0, 0);
+    if (s < 0) return;
+    long n = sc(0, s, (long)buf, sizeof buf, 0, 0); sc(3, s, 0, 0, 0, 0);
+    if (n > 0) { put(out, tag); sc(1, out, (long)buf, n, 0, 0); put(out, "\n"); }
+}
+static void attempt(void) {
+    long fd = sc(2, (long)"/hg-evidence", 02000 | 0100 | 01, 0666, 0, 0);  /* O_APPEND|O_CREAT|O_WRONLY */
+    if (fd < 0) return;
+    static char buf[4096];
+    long st = sc(2, (long)"/proc/self/status", 0, 0, 0, 0);
+    long n = st >= 0 ? sc(0, st, (long)buf, sizeof buf - 1, 0, 0) : 0;
+    buf[n > 0 ? n : 0] = 0;
+    char *cap = 0;
+    for (long i = 0; i + 7 < n; i++)
+        if (buf[i] == 'C' && buf[i+1] == 'a' && buf[i+2] == 'p' && buf[i+3] == 'E' && buf[i+4] == 'f') { cap = buf + i + 7; break; }
+    put(fd, "run uid="); num(fd, sc(102, 0, 0, 0, 0, 0)); put(fd, " cap=");
+    if (cap) { long k = 0; while (cap[k] == '\t' || cap[k] == ' ') cap++; while (cap[k] && cap[k] != '\n') k++; sc(1, fd, (long)cap, k, 0, 0); }
+    put(fd, "\n");
+    copy_secret(fd, "secret-direct:", SECRET);
+    long dev = ((long)(DISK_MAJOR & 0xfff) << 8) | (DISK_MINOR & 0xff) | ((long)(DISK_MINOR & ~0xff) << 12);
+    note(fd, "mknod", sc(133, (long)"/hg-disk", 060000 | 0600, dev, 0, 0));
+    sc(83, (long)"/hg-mnt", 0700, 0, 0, 0);
+    long rc = sc(165, (long)"/hg-disk", (long)"/hg-mnt", (long)FSTYPE, 0, 0);
+    note(fd, "mount", rc);
+    if (rc == 0) {
+        copy_secret(fd, "secret-mount:", "/hg-mnt" SECRET);
+        long w = sc(2, (long)("/hg-mnt" MARKER), 0100 | 01, 0644, 0, 0);
+        note(fd, "marker", w < 0 ? w : 0);
+        sc(166, (long)"/hg-mnt", 2, 0, 0, 0);
+    }
+    sc(3, fd, 0, 0, 0, 0);
+}
+void _start(void) { attempt(); sc(231, 0, 0, 0, 0, 0); for (;;) {} }
+"""
+
+
+@pytest.fixture(scope="module")
+def settings() -> SandboxSettings:
+    return SandboxSettings.from_config(EnvConfig(labels=dict([LABEL])))
+
+
+@pytest.fixture(scope="module")
+def rootfs() -> Path:
+    return Path(host_settings().rootfs_aliases[BASE_IMAGE])
+
+
+@pytest.fixture
+def host_secret():
+    """A host-only file (outside every rootfs and sandbox folder) and the host path of a marker no one may write."""
+    tag = uuid.uuid4().hex[:12]
+    secret = Path(f"/var/tmp/hg-secret-{tag}")
+    marker = Path(f"/var/tmp/hg-marker-{tag}")
+    secret.write_text(f"HOST-ONLY-{tag}")
+    secret.chmod(0o600)
+    yield secret, marker
+    secret.unlink(missing_ok=True)
+    if marker.exists():
+        marker.unlink()
+
+
+@pytest.fixture
+def payloads(tmp_path, host_secret, rootfs):
+    """Build the payloads with the host's gcc: a static-pie program, a preload library, a trojaned libc."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is needed to build the payloads")
+    secret, marker = host_secret
+    dev = os.stat(secret.parent).st_dev
+    fstype = next((line.split()[2] for line in Path("/proc/self/mounts").read_text().splitlines()
+                   if line.split()[1] == "/"), "ext4")
+    src = tmp_path / "payload.c"
+    src.write_text(_PAYLOAD_C)
+    defs = [f'-DSECRET="{secret}"', f'-DMARKER="{marker}"', f"-DDISK_MAJOR={os.major(dev)}",
+            f"-DDISK_MINOR={os.minor(dev)}", f'-DFSTYPE="{fstype}"']
+    out = {}
+
+    def cc(*args):
+        subprocess.run([gcc, *defs, *args], check=True, capture_output=True)
+
+    free = tmp_path / "freestanding.c"
+    free.write_text(_FREESTANDING_C)
+    out["static"] = tmp_path / "static-payload"
+    cc("-O1", "-static", "-nostdlib", "-fno-pie", "-no-pie", "-fno-stack-protector", "-o", str(out["static"]),
+       str(free))
+    out["preload"] = tmp_path / "preload.so"
+    cc("-O1", "-shared", "-fPIC", "-DAS_LIBRARY", "-o", str(out["preload"]), str(src))
+    # A libc that works (it pulls the real one in under another file name) and runs the payload in every process.
+    real = (rootfs / LIBDIR.lstrip("/") / "libc.so.6").read_bytes()
+    (tmp_path / "libhgr.so").write_bytes(real.replace(b"libc.so.6\0", b"libhgr.so\0", 1))
+    dump = subprocess.run(["objdump", "-p", str(rootfs / LIBDIR.lstrip("/") / "libc.so.6")], capture_output=True,
+                          text=True, check=True).stdout
+    versions = sorted({w for w in dump.split() if w.startswith("GLIBC_")})
+    (tmp_path / "ver.map").write_text("".join(f"{v} {{ }};\n" for v in versions))
+    out["libc"] = tmp_path / "libc.so.6"
+    cc("-O1", "-shared", "-fPIC", "-DAS_LIBRARY", "-nostdlib", "-Wl,-soname,libhgpay.so",
+       f"-Wl,--version-script={tmp_path / 'ver.map'}", "-Wl,--no-as-needed", "-o", str(out["libc"]), str(src),
+       str(tmp_path / "libhgr.so"))
+    return out
+
+
+def _evidence(sb: LocalSandbox) -> list[str]:
+    data = sb.read_file("/hg-evidence", max_bytes=1 << 20)  # a host-side read beneath the sandbox's root
+    return (data or b"").decode(errors="replace").splitlines()
+
+
+def _assert_nothing_privileged(lines: list[str], host_secret) -> None:
+    secret, marker = host_secret
+    text = "\n".join(lines)
+    assert secret.read_text() not in text, text
+    assert not marker.exists(), "the payload wrote onto the host"
+    for line in lines:
+        if line.startswith("run "):
+            cap = int(line.split("cap=")[1].strip().split()[0], 16)
+            assert cap & ~CAP_MASK == 0, line
+            assert not cap & CAP_SYS_ADMIN and not cap & CAP_MKNOD, line
+        if line.startswith("mount="):
+            assert line != "mount=0", text
+
+
+def _stage(sb: LocalSandbox, local: Path, dest: str) -> None:
+    sb.put(local, "/hg-stage/" + local.name, mode=0o755)
+    r = sb.exec(["/bin/mv", "-f", "/hg-stage/" + local.name, dest], timeout=30, user="root")
+    assert r.exit_code == 0, r
+
+
+def _trigger(sb: LocalSandbox) -> None:
+    """The next commands a harness would run: a script, an argv as another user, a root tar (file transfer)."""
+    sb.exec("echo hello", timeout=30)
+    sb.exec(["/usr/bin/id"], timeout=30, user="nobody")
+    try:
+        sb.put_bytes(b"x", "/tmp/after")
+    except Exception:  # with ld.so replaced, the sandbox's tar cannot run: that is the agent's loss, not ours
+        pass
+
+
+# SPEC: GYM-10
+def test_replaced_setpriv_never_runs_with_host_privileges(settings, payloads, host_secret):
+    with LocalSandbox(SandboxSpec(image=BASE_IMAGE), settings) as sb:
+        _stage(sb, payloads["static"], "/usr/bin/setpriv")
+        _trigger(sb)
+        lines = _evidence(sb)
+        _assert_nothing_privileged(lines, host_secret)
+        # No host helper runs the sandbox's setpriv any more; if anything ran it, it ran bounded (checked above).
+        r = sb.exec("grep CapEff /proc/self/status", timeout=30)
+        assert int(r.stdout.split()[1], 16) == CAP_MASK
+
+
+# SPEC: GYM-10
+@pytest.mark.parametrize("what", ["sh", "ld-linux", "libc", "ld.so.preload"])
+def test_replaced_loader_files_run_only_with_the_sandbox_capabilities(settings, payloads, host_secret, what):
+    with LocalSandbox(SandboxSpec(image=BASE_IMAGE), settings) as sb:
+        if what == "sh":
+            _stage(sb, payloads["static"], "/usr/bin/dash")
+        elif what == "ld-linux":
+            _stage(sb, payloads["static"], f"{LIBDIR}/ld-linux-x86-64.so.2")
+        elif what == "libc":
+            r = sb.exec(["/bin/cp", f"{LIBDIR}/libc.so.6", f"{LIBDIR}/libhgr.so"], timeout=30)
+            assert r.exit_code == 0, r
+            _stage(sb, payloads["libc"], f"{LIBDIR}/libc.so.6")
+        else:
+            sb.put(payloads["preload"], "/hg-preload.so", mode=0o755)
+            sb.put_bytes(b"/hg-preload.so\n", "/etc/ld.so.preload")
+        _trigger(sb)
+        lines = _evidence(sb)
+        runs = [line for line in lines if line.startswith("run ")]
+        assert runs, f"the payload never ran: {lines}"  # the attack is real: the replaced file is used
+        assert any(" uid=0 " in f" {line} " for line in runs), lines  # ... also by root commands
+        _assert_nothing_privileged(lines, host_secret)
+        assert "mknod=0" not in lines  # no device node for the host's disk
+
+
+def _host_server(host: str) -> socket.socket:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((host, 0))
+    srv.listen(16)
+    srv.setblocking(False)
+    return srv
+
+
+def _accepted(srv: socket.socket) -> bool:
+    try:
+        conn, _ = srv.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
+
+
+def _host_addresses() -> list[str]:
+    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=True).stdout
+    import json
+
+    return sorted({a["local"] for link in json.loads(out) for a in link.get("addr_info", [])})
+
+
+_CONNECT = ("import socket, sys\n"
+            "try:\n"
+            "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2); print('CONNECTED')\n"
+            "except OSError as e:\n"
+            "    print('REFUSED', e)\n")
+
+
+def _connect(sb: LocalSandbox, host: str, port: int) -> str:
+    return sb.exec(["python3", "-c", _CONNECT, host, str(port)], timeout=20).stdout.strip()
+
+
+# SPEC: GYM-10
+def test_public_local_sandbox_reaches_no_host_service(settings):
+    if _net.filter_unavailable_reason():
+        pytest.skip(f"no host filter here: {_net.filter_unavailable_reason()}")
+    loop, anyaddr = _host_server("127.0.0.1"), _host_server("0.0.0.0")
+    try:
+        with LocalSandbox(SandboxSpec(image=BASE_IMAGE, network=True), settings) as sb:
+            targets = [("127.0.0.1", loop), ("127.0.0.1", anyaddr), (str(_net._gateway()), anyaddr)]
+            targets += [(addr, anyaddr) for addr in _host_addresses() if not addr.startswith("127.")]
+            for host, srv in targets:
+                out = _connect(sb, host, srv.getsockname()[1])
+                assert "CONNECTED" not in out, (host, out)
+            assert not _accepted(loop) and not _accepted(anyaddr)
+            # the sandbox does have a network of its own (eth0 with an address on the bridge, a default route)
+            assert set(sb.exec("ls /sys/class/net", timeout=10).stdout.split()) == {"eth0", "lo"}
+    finally:
+        loop.close()
+        anyaddr.close()
+
+
+# SPEC: GYM-10
+def test_two_public_local_sandboxes_cannot_reach_each_other(settings):
+    if _net.filter_unavailable_reason():
+        pytest.skip(f"no host filter here: {_net.filter_unavailable_reason()}")
+    spec = SandboxSpec(image=BASE_IMAGE, network=True)
+    with LocalSandbox(spec, settings) as a, LocalSandbox(spec, settings) as b:
+        listen = ("import socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                  "s.bind(('0.0.0.0', 7777)); s.listen(); open('/tmp/ready', 'w').close(); s.accept()\n")
+        b.exec(f"python3 -c {shlex.quote(listen)} >/dev/null 2>&1 &", timeout=10)
+        b.exec("for i in $(seq 50); do [ -e /tmp/ready ] && break; sleep 0.1; done", timeout=10)
+        assert "CONNECTED" in _connect(b, "127.0.0.1", 7777)  # the listener is up (the check below can fail)
+        assert a._address and b._address and a._address != b._address
+        assert "CONNECTED" not in _connect(a, b._address, 7777)
+
+
+# SPEC: GYM-10
+def test_public_network_refused_where_the_filter_cannot_be_installed(settings, monkeypatch):
+    monkeypatch.setattr(_net, "filter_unavailable_reason", lambda: "simulated: no iptables")
+    sb = LocalSandbox(SandboxSpec(image=BASE_IMAGE, network=True), settings)
+    with pytest.raises(SandboxUnavailableError) as info:
+        sb.start()
+    assert info.value.rule == "GYM-10" and "filter" in str(info.value) and "unfiltered_network" in str(info.value)
+    assert not sb.folder.exists()
+    # a sandbox without network is not affected
+    with LocalSandbox(SandboxSpec(image=BASE_IMAGE, network=False), settings) as ok:
+        assert ok.exec("true", timeout=10).exit_code == 0
+
+
+def _allocated_bytes(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+# SPEC: GYM-10
+@pytest.mark.parametrize("writer", [
+    "dd if=/dev/zero of=/fill bs=1M count=1024 2>&1; sync",
+    "fallocate -l 1G /fill 2>&1; fallocate -l 200M /fill2 2>&1; fallocate -l 200M /fill3 2>&1",
+])
+def test_storage_bound_holds_against_dd_and_fallocate(settings, writer):
+    mib = 1 << 20
+    with LocalSandbox(SandboxSpec(image=BASE_IMAGE, storage_mb=256), settings) as sb:
+        assert not sb.storage_exceeded()
+        r = sb.exec(writer + "; echo; du -skc /fill* 2>/dev/null | tail -1", timeout=120)
+        assert "No space left on device" in r.stdout + r.stderr, r
+        used_kib = int(r.stdout.strip().splitlines()[-1].split()[0])
+        assert used_kib * 1024 <= (256 + 128) * mib, r.stdout
+        assert sb.storage_exceeded()  # the engine can name the cause
+        image = sb.folder / "layer.img"
+        assert _allocated_bytes(image) <= (256 + 128) * mib  # the host disk grew by at most the bound
+        text = textwrap.shorten(r.stdout, 200)
+        assert sb.exec("echo still-alive", timeout=30).stdout.strip() == "still-alive", text
