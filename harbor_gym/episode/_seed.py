@@ -1,12 +1,15 @@
-"""Seeding and sandbox lifetime of an `Episode` (GYM-2, BUD-6/7, COMPOSE-1, LOAD-24, STOP-10)."""
+"""Seeding and sandbox lifetime of an `Episode` (GYM-2, BUD-6/7, COMPOSE-1, LOAD-24, GYM-10, STOP-10)."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from harbor_gym.agents import agent_timeout_cap
 from harbor_gym.episode._budgets import episode_deadline, task_step_budgets
 from harbor_gym.episode._seedplan import SeedPlan, seed_plan
+from harbor_gym.episode._spec import verifier_spec
+from harbor_gym.episode._stop import TurnFault
 from harbor_gym.errors import (
     HarborGymError,
     ImageError,
@@ -18,6 +21,9 @@ from harbor_gym.errors import (
 from harbor_gym.sandbox.base import Sandbox, SandboxSettings, SandboxSpec
 
 __all__: list[str] = []
+
+#: Turn faults after which a full disk is the likely cause worth checking (GYM-10).
+_STORAGE_SUSPECT = frozenset({TurnFault.OUTAGE, TurnFault.MASKED, TurnFault.NO_REWARD, TurnFault.PREP_FAILED})
 
 _log = logging.getLogger("harbor_gym.episode")
 
@@ -101,7 +107,7 @@ class _SeedPhase:
 
         group = open_group(compose, backend=self._backend_name(), settings=SandboxSettings.from_config(self.config),
                            main_spec=spec, network=spec.network, labels=dict(spec.labels), name_hint=self.task.id,
-                           build_timeout_s=spec.build_timeout_s)
+                           build_timeout_s=spec.build_timeout_s, sidecar_storage_mb=self.config.default_storage_mb)
         self._group = group
         return group.main
 
@@ -114,11 +120,60 @@ class _SeedPhase:
         except (KeyError, HarborGymError):
             return None
 
+    def _engine_refusals(self, spec: SandboxSpec) -> None:
+        """GYM-10 on Docker, before any sandbox of this attempt starts: a bounded storage size needs an engine whose
+        storage driver bounds it, and a public network needs the host filter (`EnvConfig.unfiltered_network`:
+        ``"refuse"`` refuses, ``"allow"`` runs with a warning naming what stays reachable). Covers the agent
+        sandbox, service ``main``, sidecars (the default storage bound) and every separate verifier sandbox.
+
+        Raises:
+            SeedRefusedError: naming why and what the engine needs (never retried).
+            SandboxUnavailableError: the engine does not answer (an outage: the caller retries).
+        """
+        if self._backend_name() != "docker":
+            return
+        specs = [spec]
+        for step, mode in zip(self.task.steps, self._modes):
+            if mode == "separate":
+                specs.append(verifier_spec(self.task, step, agent=spec,
+                                           default_storage_mb=self.config.default_storage_mb,
+                                           default_memory_mb=self.config.default_memory_mb,
+                                           host_env_allowlist=self.config.host_env_allowlist)[0])
+        sized = [s for s in specs if s.storage_mb is not None]
+        if sized or (getattr(self.task, "compose", None) is not None and self.config.default_storage_mb is not None):
+            from harbor_gym.sandbox._engine import get_client, storage_support
+
+            support = storage_support(get_client())
+            if not support.supported:
+                field = "environment.storage_mb" if self.task.config.environment.storage_mb is not None else \
+                    "EnvConfig.default_storage_mb"
+                raise SeedRefusedError(
+                    f"the sandbox's writable size ({(sized[0].storage_mb if sized else self.config.default_storage_mb)}"
+                    f" MiB) cannot be bounded on this engine: {support.reason}. Give the engine such a data root "
+                    "(scripts/setup-host.sh does), or lift the bound with EnvConfig(default_storage_mb=None) for a "
+                    "task that sets no storage_mb", path=self.task.path / "task.toml", field=field, rule="GYM-10")
+        if any(s.network for s in specs):
+            from harbor_gym.sandbox._engine import get_client
+            from harbor_gym.sandbox._netfilter import REACHABLE_WITHOUT_FILTER, public_network
+
+            net = public_network(get_client())
+            if not net.filtered:
+                if self.config.unfiltered_network == "refuse":
+                    raise SeedRefusedError(
+                        f"the task's network is public but harbor_gym cannot filter it from the host here "
+                        f"({net.unfiltered_reason}), so its sandbox would reach {REACHABLE_WITHOUT_FILTER}; run as "
+                        "root on the engine's host, set network_mode = 'no-network', or accept it with "
+                        "EnvConfig(unfiltered_network='allow')", path=self.task.path / "task.toml",
+                        field="environment.network_mode", rule="GYM-10")
+                _log.warning("%s: public network unfiltered (%s); its sandbox reaches %s", self.task.id,
+                             net.unfiltered_reason, REACHABLE_WITHOUT_FILTER)
+
     def _seed_once(self, spec: SandboxSpec, plan: SeedPlan) -> None:
         """Start and seed the agent sandbox (GYM-2). A factory with ``claim_prepared`` (a warm pool) hands out one
         on which ``plan`` already ran, off the reset path; a failed preparation is never handed out and raises here
         as it would have on the reset path (the pool's cold claim runs ``plan.apply`` itself). Otherwise the
-        sandbox is started, then ``plan`` is applied to it here."""
+        sandbox is started, then ``plan`` is applied to it here. GYM-10's engine refusals come first."""
+        self._engine_refusals(spec)
         claim_prepared = getattr(self._factory, "claim_prepared", None)
         if claim_prepared is not None and self._main_from_factory():
             sb = claim_prepared(spec, plan.key, plan.apply)
@@ -129,6 +184,28 @@ class _SeedPhase:
         self._sandbox = sb
         self._user_in_place = sb.default_user
         plan.apply(sb)
+
+    def _storage_fault(self, t: Any, fault: TurnFault) -> TurnFault:
+        """GYM-10: a turn that failed (outage, masked, no reward file, failed preparation) while the agent
+        sandbox's writable size is at its bound ends as `TurnFault.STORAGE` (``harbor_gym:storage_exceeded``),
+        its cause saying "storage"; any other turn keeps ``fault``. Asks the sandbox's engine-side measure
+        (``storage_exceeded()``) only then, so a successful turn pays nothing."""
+        if fault not in _STORAGE_SUSPECT or getattr(t, "engine_error", False):
+            return fault
+        check = getattr(self._sandbox, "storage_exceeded", None)
+        if check is None:
+            return fault
+        try:
+            exceeded = bool(check())
+        except Exception as exc:  # the measure failing leaves the turn as it was
+            _log.debug("storage check of %s failed: %s", self.task.id, exc)
+            return fault
+        if not exceeded:
+            return fault
+        bound = getattr(getattr(self._sandbox, "spec", None), "storage_mb", None)
+        t.cause = (f"storage exceeded: the sandbox's writable size reached its bound of {bound} MiB"
+                   if bound else "storage exceeded: the sandbox's writable size reached its bound")
+        return TurnFault.STORAGE
 
     def _stop_sandboxes(self) -> None:
         first: BaseException | None = None

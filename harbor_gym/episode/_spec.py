@@ -13,7 +13,7 @@ from harbor_gym.sandbox.base import SandboxSpec
 from harbor_gym.task import EnvironmentConfig, ImageSourceKind, NetworkMode, Step, Task, resolve_env_templates
 
 __all__ = ["agent_spec", "verifier_spec", "seed_refusals", "resolved_env", "TASK_LABEL", "STEP_LABEL",
-           "DEFAULT_PIDS_LIMIT"]
+           "DEFAULT_PIDS_LIMIT", "DEFAULT_STORAGE_MB", "DEFAULT_MEMORY_MB"]
 
 #: Label naming the task a sandbox runs (the managed and run labels are added by the backend).
 TASK_LABEL = "io.harbor-gym.task"
@@ -23,6 +23,13 @@ COMPOSE_MAIN_PLACEHOLDER = "harbor-gym-compose:main"
 STEP_LABEL = "io.harbor-gym.step"
 #: `EnvConfig.pids_limit`'s default: what `agent_spec` uses when not told (e.g. warm-pool prewarming).
 DEFAULT_PIDS_LIMIT: int | None = EnvConfig.model_fields["pids_limit"].default
+#: `EnvConfig.default_storage_mb` / `default_memory_mb`: GYM-10's bounds of a table that sets none.
+DEFAULT_STORAGE_MB: int | None = EnvConfig.model_fields["default_storage_mb"].default
+DEFAULT_MEMORY_MB: int | None = EnvConfig.model_fields["default_memory_mb"].default
+
+
+def _or(value: int | None, default: int | None) -> int | None:
+    return value if value is not None else default
 
 
 def resolved_env(env: Mapping[str, str], *, where: str, host_env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -61,10 +68,13 @@ def _check_resources(env: EnvironmentConfig, task: Task, where: str) -> None:
 
 
 def agent_spec(task: Task, *, env: Mapping[str, str] | None = None,
-               pids_limit: int | None = DEFAULT_PIDS_LIMIT) -> SandboxSpec:
+               pids_limit: int | None = DEFAULT_PIDS_LIMIT, default_storage_mb: int | None = DEFAULT_STORAGE_MB,
+               default_memory_mb: int | None = DEFAULT_MEMORY_MB) -> SandboxSpec:
     """The agent sandbox (service ``main``) of ``task``: ``docker_image`` wins over ``environment/Dockerfile``
     (FMT-10); workdir, resources, network and env from ``[environment]`` (FMT-15 applied unless ``env`` given);
-    ``pids_limit`` is the harness guard `EnvConfig.pids_limit` (the task format has no such field; ``None``: none).
+    ``pids_limit`` is the harness guard `EnvConfig.pids_limit` (the task format has no such field; ``None``: none);
+    ``storage_mb``/``memory_mb`` unset in the table take ``default_storage_mb``/``default_memory_mb``
+    (`EnvConfig.default_storage_mb`/`default_memory_mb`, GYM-10; ``None``: unbounded).
 
     Raises:
         SeedRefusedError: LOAD-23/24, or a compose-only environment (COMPOSE-2: no provider here runs groups).
@@ -75,7 +85,8 @@ def agent_spec(task: Task, *, env: Mapping[str, str] | None = None,
     if env is None:
         env = resolved_env(cfg.env, where="environment.env")
     common: dict[str, Any] = dict(
-        workdir=cfg.workdir, env=dict(env), cpus=cfg.cpus, memory_mb=cfg.memory_mb, storage_mb=cfg.storage_mb,
+        workdir=cfg.workdir, env=dict(env), cpus=cfg.cpus, memory_mb=_or(cfg.memory_mb, default_memory_mb),
+        storage_mb=_or(cfg.storage_mb, default_storage_mb),
         network=network, labels={TASK_LABEL: task.id}, name_hint=task.id,
         build_timeout_s=float(cfg.build_timeout_sec), pids_limit=pids_limit,
     )
@@ -90,12 +101,14 @@ def agent_spec(task: Task, *, env: Mapping[str, str] | None = None,
                            path=task.compose_file or task.path, field="environment", rule="LOAD-24")
 
 
-def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec) -> tuple[SandboxSpec, bool]:
+def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec, default_storage_mb: int | None = DEFAULT_STORAGE_MB,
+                  default_memory_mb: int | None = DEFAULT_MEMORY_MB) -> tuple[SandboxSpec, bool]:
     """VER-3/4: the fresh sandbox a ``separate`` step verifies in, and whether VER-6 uploads the tests.
 
     The table is ``[steps.verifier.environment]``, else ``[verifier.environment]``, else a copy of ``[environment]``
     (whole tables, never merged); the image follows VER-4's first match (resolved by the task layer). The pids
-    limit is the agent spec's (the harness guard `EnvConfig.pids_limit`, whatever the table).
+    limit is the agent spec's (the harness guard `EnvConfig.pids_limit`, whatever the table); a table of its own
+    without ``storage_mb``/``memory_mb`` takes the defaults (GYM-10), a copy of ``[environment]`` the agent's.
 
     Raises:
         SeedRefusedError: LOAD-23/24 for that table, or a compose group.
@@ -115,8 +128,10 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec) -> tuple[Sandbo
         kwargs = dict(workdir=base.workdir, env=dict(spec_env), cpus=base.cpus, memory_mb=base.memory_mb,
                       storage_mb=base.storage_mb, network=base.network, build_timeout_s=base.build_timeout_s)
     else:
-        kwargs = dict(workdir=table.workdir, env=dict(spec_env), cpus=table.cpus, memory_mb=table.memory_mb,
-                      storage_mb=table.storage_mb, network=_network(table, task, "verifier.environment"),
+        kwargs = dict(workdir=table.workdir, env=dict(spec_env), cpus=table.cpus,
+                      memory_mb=_or(table.memory_mb, default_memory_mb),
+                      storage_mb=_or(table.storage_mb, default_storage_mb),
+                      network=_network(table, task, "verifier.environment"),
                       build_timeout_s=float(table.build_timeout_sec))
     kwargs.update(labels=labels, name_hint=f"{task.id}-verify", pids_limit=agent.pids_limit)
     if source.docker_image:

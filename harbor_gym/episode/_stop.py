@@ -13,6 +13,7 @@ __all__ = [
     "TurnVerdict",
     "decide_turn",
     "OUTAGE_KIND",
+    "STORAGE_EXCEEDED_KIND",
     "AGENT_RETRY_KIND",
     "AGENT_FAILED_KIND",
     "DEADLINE_KIND",
@@ -20,6 +21,8 @@ __all__ = [
 ]
 
 OUTAGE_KIND = "harbor_gym:sandbox_outage"
+#: GYM-10/12: the agent sandbox's writable size reached its bound (``storage_mb`` or the default) in a failed turn.
+STORAGE_EXCEEDED_KIND = "harbor_gym:storage_exceeded"
 AGENT_RETRY_KIND = "harbor_gym:agent_retry"
 AGENT_FAILED_KIND = "harbor_gym:agent_failed"
 DEADLINE_KIND = "harbor:task_deadline"
@@ -40,6 +43,7 @@ class TurnFault(str, enum.Enum):
     """The worst thing that happened in a turn, in STOP-7 precedence order (first = strongest)."""
 
     OUTAGE = "outage"
+    STORAGE = "storage"
     DEADLINE = "deadline"
     AGENT_RETRY = "agent_retry"
     AGENT_FAIL = "agent_fail"
@@ -86,6 +90,8 @@ def decide_turn(
     """
     if fault is TurnFault.OUTAGE:
         return TurnVerdict(True, False, True, graded=False, retryable=True, failure_kind=OUTAGE_KIND)
+    if fault is TurnFault.STORAGE:  # GYM-10: ends the turn like an outage, under its own (agent-caused) kind
+        return TurnVerdict(True, False, True, graded=False, retryable=True, failure_kind=STORAGE_EXCEEDED_KIND)
     if fault is TurnFault.DEADLINE:
         kind = DEADLINE_KIND if deadline_enforced else DEADLINE_NOT_ENFORCED_KIND
         return TurnVerdict(True, False, True, graded=False, retryable=True, failure_kind=kind)

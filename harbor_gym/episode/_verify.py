@@ -50,7 +50,9 @@ class _VerifyPhase:
         builder = ArchiveBuilder()
         builder.add_bytes(payload, "/logs/agent/trajectory.json", mode=0o644)
         if t.mode == "separate":
-            spec, uploads = verifier_spec(self.task, step, agent=self._agent_spec)
+            spec, uploads = verifier_spec(self.task, step, agent=self._agent_spec,
+                                          default_storage_mb=self.config.default_storage_mb,
+                                          default_memory_mb=self.config.default_memory_mb)
             if t.index == len(self.task.steps) - 1 and self._sandbox is not None:
                 # VER-3: on the last step, the agent sandbox (and its group) stops before the verify.
                 (self._group or self._sandbox).stop()

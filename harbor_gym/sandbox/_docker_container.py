@@ -1,7 +1,10 @@
-"""A `DockerSandbox`'s container creation: labels, host config (limits; LOAD-24 refusals), create and start.
+"""A `DockerSandbox`'s container creation: labels, host config (limits), create and start.
 
 `build_host_config` is pure (spec -> the engine's host config); `DockerContainerMixin` (mixed into
 `DockerSandbox`) refuses what the engine cannot enforce, resolves the image, creates and starts the container.
+GYM-10: a storage size is applied through ``storage_opt`` wherever the engine bounds it (never a LOAD-24 refusal);
+an engine that cannot is refused naming what it needs. A public network is the shared filtered one
+(`harbor_gym.sandbox._netfilter`), never the default bridge.
 """
 
 from __future__ import annotations
@@ -11,15 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from harbor_gym.errors import SandboxUnavailableError
-from harbor_gym.sandbox import images
+from harbor_gym.sandbox import _netfilter, images
 from harbor_gym.sandbox import lease as leases
-from harbor_gym.sandbox._engine import engine_info, translate_error
+from harbor_gym.sandbox._engine import storage_driver_support, storage_support, translate_error
 from harbor_gym.sandbox.base import MANAGED_LABEL, RUN_LABEL, SandboxSettings, SandboxSpec, SandboxState
 
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["TTL_LABEL", "DockerContainerMixin", "build_host_config", "storage_limit_supported"]
+__all__ = ["TTL_LABEL", "DockerContainerMixin", "build_host_config", "storage_limit_supported",
+           "storage_size_mb"]
 
 log = logging.getLogger("harbor_gym.sandbox")
 
@@ -28,27 +32,30 @@ TTL_LABEL = "io.harbor-gym.lease-ttl"
 
 
 def storage_limit_supported(info: Mapping[str, Any]) -> bool:
-    """True iff the engine can enforce a per-container storage size (overlay2 on xfs; devicemapper; btrfs; zfs).
-
-    overlay2 on xfs additionally needs the ``pquota`` mount option, which the engine reports only when a
-    container is created; such a refusal is turned into `SandboxUnavailableError` then."""
-    driver = str(info.get("Driver", ""))
-    status = {str(k): str(v) for k, v in (info.get("DriverStatus") or [])}
-    if driver == "overlay2":
-        return status.get("Backing Filesystem", "").lower() == "xfs"
-    return driver in ("devicemapper", "btrfs", "zfs", "windowsfilter")
+    """True iff ``docker info`` shows a storage driver that bounds a container's size (GYM-10; see
+    `harbor_gym.sandbox._engine.storage_driver_support`, whose probe create confirms it)."""
+    return storage_driver_support(info).supported
 
 
-def build_host_config(spec: SandboxSpec, lease_path: Path | str) -> dict[str, Any]:
+def storage_size_mb(storage_mb: int, *, image_bytes: int, includes_image: bool) -> int:
+    """GYM-10, pure: the ``storage_opt`` size (MiB) bounding the writable size at ``storage_mb``; a driver whose
+    limit counts the image's own bytes (btrfs) gets the image's size on top."""
+    return storage_mb + ((image_bytes + (1 << 20) - 1) >> 20 if includes_image else 0)
+
+
+def build_host_config(spec: SandboxSpec, lease_path: Path | str, *, public_network: str = "bridge",
+                      storage_size: int | None = None) -> dict[str, Any]:
     """The keyword arguments of ``create_host_config`` for ``spec``.
 
-    That is: an init process, auto-remove, the network on or off, the lease file mounted read-only, and the
-    spec's limits (cpus, memory without swap, pids, storage, tmpfs sizes). Pure; a limit the engine cannot
-    enforce is refused before this is built (``_refuse_unenforceable``, SPEC LOAD-24)."""
+    That is: an init process, auto-remove, the network (``public_network`` when the spec's network is on, else
+    none), the lease file mounted read-only, and the spec's limits (cpus, memory without swap, pids, storage,
+    tmpfs sizes). ``storage_size`` (MiB) is the engine size bounding ``spec.storage_mb`` (`storage_size_mb`;
+    default: ``storage_mb`` itself). Pure; a limit the engine cannot enforce is refused before this is built
+    (``_refuse_unenforceable``; GYM-10, LOAD-24)."""
     host_config: dict[str, Any] = {
         "init": True,
         "auto_remove": True,
-        "network_mode": "bridge" if spec.network else "none",
+        "network_mode": public_network if spec.network else "none",
         "binds": {str(lease_path): {"bind": leases.LEASE_MOUNT, "mode": "ro"}},
     }
     if spec.cpus is not None:
@@ -59,14 +66,14 @@ def build_host_config(spec: SandboxSpec, lease_path: Path | str) -> dict[str, An
     if spec.pids_limit is not None:
         host_config["pids_limit"] = spec.pids_limit
     if spec.storage_mb is not None:
-        host_config["storage_opt"] = {"size": f"{spec.storage_mb}M"}
+        host_config["storage_opt"] = {"size": f"{storage_size or spec.storage_mb}M"}
     if spec.tmpfs:
         host_config["tmpfs"] = {path: f"size={mb}m" for path, mb in spec.tmpfs.items()}
     return host_config
 
 
 class DockerContainerMixin:
-    """Start-time container work of `DockerSandbox`: LOAD-24 refusals, image, labels, create and start."""
+    """Start-time container work of `DockerSandbox`: refusals (LOAD-24, GYM-10), image, labels, create, start."""
 
     if TYPE_CHECKING:  # provided by `DockerSandbox`
         spec: SandboxSpec
@@ -89,11 +96,11 @@ class DockerContainerMixin:
                 f"sandbox {self.name}: gpus={spec.gpus} requested but the docker backend here is CPU-only",
                 field="gpus", rule="LOAD-24")
         if spec.storage_mb is not None:
-            if not storage_limit_supported(engine_info(self.client)):
+            support = storage_support(self.client)
+            if not support.supported:
                 raise SandboxUnavailableError(
-                    f"sandbox {self.name}: storage_mb={spec.storage_mb} cannot be enforced by this engine's storage "
-                    "driver (needs overlay2 on xfs with pquota, btrfs, zfs or devicemapper)",
-                    field="storage_mb", rule="LOAD-24")
+                    f"sandbox {self.name}: storage_mb={spec.storage_mb} cannot be bounded here: {support.reason}",
+                    field="storage_mb", rule="GYM-10")
 
     def _start(self) -> None:
         import docker.errors
@@ -106,7 +113,12 @@ class DockerContainerMixin:
         labels = {**dict(self.settings.labels), **dict(spec.labels),
                   MANAGED_LABEL: "true", RUN_LABEL: lease.run_id, TTL_LABEL: f"{self.settings.lease_ttl_s:g}"}
         api = self.client.api
-        host_config = build_host_config(spec, lease.path)
+        size = None
+        if spec.storage_mb is not None:
+            size = storage_size_mb(spec.storage_mb, image_bytes=self._image.size_bytes,
+                                   includes_image=storage_support(self.client).includes_image)
+        network = _netfilter.public_network(self.client).name if spec.network else "bridge"
+        host_config = build_host_config(spec, lease.path, public_network=network, storage_size=size)
         try:
             created = self._create(api, labels, host_config)
             self.container_id = created["Id"]
@@ -116,8 +128,8 @@ class DockerContainerMixin:
             text = str(getattr(exc, "explanation", "") or exc)
             if spec.storage_mb is not None and ("storage-opt" in text or "quota" in text):
                 raise SandboxUnavailableError(
-                    f"sandbox {self.name}: storage_mb cannot be enforced here: {text}", field="storage_mb",
-                    rule="LOAD-24") from exc
+                    f"sandbox {self.name}: storage_mb cannot be bounded here: {text}", field="storage_mb",
+                    rule="GYM-10") from exc
             translate_error(exc, what="create and start the container", sandbox=self.name)
         except Exception as exc:
             translate_error(exc, what="create and start the container", sandbox=self.name)
@@ -133,6 +145,13 @@ class DockerContainerMixin:
         except docker.errors.ImageNotFound:
             images.forget(self.client, self._image.ref)
             self._image = images.ensure_image(self.client, self.spec, self.settings)
+            return self._create_once(api, labels, host_config)
+        except docker.errors.NotFound as exc:
+            if not self.spec.network or _netfilter.PUBLIC_NETWORK not in str(exc):
+                raise
+            # the shared network was removed meanwhile (gc while unused): create it again, once
+            _netfilter.forget(self.client)
+            _netfilter.public_network(self.client)
             return self._create_once(api, labels, host_config)
 
     def _create_once(self, api: Any, labels: dict[str, str], host_config: dict[str, Any]) -> dict:

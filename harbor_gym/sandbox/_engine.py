@@ -10,14 +10,15 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Mapping, NoReturn
 
 from harbor_gym.errors import SandboxError, SandboxPathError, SandboxUnavailableError
 
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["get_client", "engine_answers", "RequestCounter", "count_requests", "translate_error", "engine_info"]
+__all__ = ["get_client", "engine_answers", "RequestCounter", "count_requests", "translate_error", "engine_info",
+           "StorageSupport", "storage_driver_support", "storage_support", "STORAGE_NEEDS"]
 
 log = logging.getLogger("harbor_gym.sandbox")
 
@@ -26,6 +27,11 @@ _client: "docker.DockerClient | None" = None
 _client_pid: int | None = None
 _probe: dict[int, str | None] = {}
 _info: dict[int, dict] = {}
+_storage: dict[str, "StorageSupport"] = {}
+
+#: What an engine needs so that a sandbox's writable size can be bounded (GYM-10), for messages and the README.
+STORAGE_NEEDS = ("a storage driver that enforces `--storage-opt size`: overlay2 on an xfs data root mounted with "
+                 "pquota (prjquota), or btrfs with quotas, zfs or devicemapper")
 
 #: Bound of ordinary engine requests (builds and execs carry their own bounds).
 REQUEST_TIMEOUT_S = 120.0
@@ -85,6 +91,111 @@ def engine_info(client: "docker.DockerClient") -> dict:
         with _lock:
             _info[key] = cached
     return cached
+
+
+@dataclass(frozen=True)
+class StorageSupport:
+    """Whether an engine bounds a container's writable size through ``storage_opt={"size": ...}`` (GYM-10).
+
+    Attributes:
+        reason: ``None`` when it does; else why not (naming the driver and what it needs).
+        includes_image: the size also counts the image's own bytes (btrfs qgroups limit the container's whole
+            subvolume), so a writable bound of N MiB is a size of N MiB plus the image's size.
+    """
+
+    reason: str | None
+    includes_image: bool = False
+
+    @property
+    def supported(self) -> bool:
+        """True iff a storage size can be applied."""
+        return self.reason is None
+
+
+def storage_driver_support(info: Mapping[str, Any]) -> StorageSupport:
+    """GYM-10, pure: what ``docker info`` says of the storage driver's size limits (a probe create confirms it).
+
+    overlay2 needs an xfs backing filesystem (and the ``pquota`` mount option, which only a create reveals);
+    btrfs, zfs and devicemapper bound size natively (btrfs counting the image inside the limit)."""
+    driver = str(info.get("Driver", ""))
+    status = {str(k): str(v) for k, v in (info.get("DriverStatus") or [])}
+    if driver == "overlay2":
+        backing = status.get("Backing Filesystem", "")
+        if backing.lower() == "xfs":
+            return StorageSupport(None)
+        return StorageSupport(f"the engine's storage driver is overlay2 on {backing or 'an unknown filesystem'}, "
+                              f"which cannot bound a container's size; it needs {STORAGE_NEEDS}")
+    if driver == "btrfs":
+        return StorageSupport(None, includes_image=True)
+    if driver in ("zfs", "devicemapper", "windowsfilter"):
+        return StorageSupport(None)
+    return StorageSupport(f"the engine's storage driver {driver or '(unknown)'} cannot bound a container's size; "
+                          f"it needs {STORAGE_NEEDS}")
+
+
+def storage_support(client: "docker.DockerClient") -> StorageSupport:
+    """GYM-10: whether this engine bounds a container's writable size, decided once per engine (by its id).
+
+    Judged from ``docker info`` (`storage_driver_support`), then confirmed by creating (never starting) one
+    labelled container with a small size from an image already present, and removing it: overlay2 on xfs
+    without ``pquota``, or btrfs without quota support, refuse only then. Without any local image the
+    ``docker info`` judgement stands.
+
+    Raises:
+        SandboxUnavailableError: the engine does not answer (retryable).
+    """
+    try:
+        info = engine_info(client)
+    except Exception as exc:
+        translate_error(exc, what="read the engine's storage driver")
+    key = str(info.get("ID") or id(client))
+    with _lock:
+        known = _storage.get(key)
+    if known is not None:
+        return known
+    judged = storage_driver_support(info)
+    if judged.supported:
+        judged = _probe_storage(client, judged)
+    with _lock:
+        _storage[key] = judged
+    return judged
+
+
+def _probe_storage(client: "docker.DockerClient", judged: StorageSupport) -> StorageSupport:
+    import docker.errors
+
+    api = client.api
+    try:
+        present = api.images(filters={"dangling": False})
+    except Exception as exc:
+        translate_error(exc, what="list images for the storage probe")
+    if not present:
+        return judged
+    image = present[0]
+    size_mb = 64 + (int(image.get("Size") or 0) >> 20 if judged.includes_image else 0)
+    cid = None
+    try:
+        cid = api.create_container(image["Id"], command=["true"], entrypoint=[],
+                                   labels={"io.harbor-gym.managed": "true", "io.harbor-gym.probe": "storage"},
+                                   host_config=api.create_host_config(network_mode="none",
+                                                                      storage_opt={"size": f"{size_mb}M"}))["Id"]
+    except docker.errors.NotFound:  # the image went away meanwhile (gc): the docker info judgement stands
+        return judged
+    except docker.errors.APIError as exc:
+        text = str(getattr(exc, "explanation", "") or exc)
+        if exc.status_code is not None and exc.status_code >= 500 and "storage" not in text.lower() \
+                and "quota" not in text.lower():
+            translate_error(exc, what="probe the engine's storage limits")
+        return StorageSupport(f"the engine refused a storage size ({text.strip()[:300]}); it needs {STORAGE_NEEDS}")
+    except Exception as exc:
+        translate_error(exc, what="probe the engine's storage limits")
+    finally:
+        if cid is not None:
+            try:
+                api.remove_container(cid, force=True)
+            except Exception as exc:  # labelled and never started: harbor-gym gc removes it
+                log.warning("storage probe: removing container %s failed: %s", cid[:12], exc)
+    return judged
 
 
 @dataclass

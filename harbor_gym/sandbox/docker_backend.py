@@ -2,10 +2,12 @@
 
 One container per sandbox, started with an init process (a stop takes milliseconds) whose main process is the lease
 loop (`harbor_gym.sandbox.lease`): it exits, and the auto-removed container disappears, when the host stops renewing
-its lease. Limits come from the spec (cpus, memory without swap, pids, tmpfs sizes); a limit the engine cannot
-enforce exactly (``gpus`` on this CPU-only backend, ``storage_mb`` off overlay2-on-xfs) is refused at start with
-`SandboxUnavailableError` (SPEC LOAD-24), never dropped. ``network=False`` gives the container no interface but
-loopback.
+its lease. Limits come from the spec (cpus, memory without swap, pids, tmpfs sizes, storage through the storage
+driver); a limit the engine cannot enforce exactly (``gpus`` on this CPU-only backend, ``storage_mb`` on an engine
+whose storage driver cannot bound size) is refused at start with `SandboxUnavailableError` (SPEC LOAD-24, GYM-10),
+never dropped; `storage_exceeded` tells whether the writable size reached its bound. ``network=False`` gives the
+container no interface but loopback; ``network=True`` joins the shared, host-filtered public network
+(`harbor_gym.sandbox._netfilter`, GYM-10).
 
 Engine requests per call (the ``engine_requests`` counter counts them): start = create + start (+ image inspect,
 cached per process); exec = 2 (+1 kill exec on timeout); put/put_bytes = 1 (+2 once per sandbox to read
@@ -195,6 +197,30 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin):
         finally:
             self._count()
         return bool(attrs.get("State", {}).get("Running"))
+
+    def storage_exceeded(self) -> bool:
+        """GYM-10: True iff the container's writable layer is at (or within a small margin of) its storage bound.
+
+        Measured by the engine (the container's ``SizeRw``, one list request of ~0.2 s that walks the writable
+        layer), never by anything inside the sandbox, so a sandbox process cannot hide it; meant for a turn that
+        already failed. The margin is the larger of 32 MiB and 5 % (filesystem metadata and the last short write
+        stay unaccounted). False without a storage bound, once the container is gone, or if the engine does not
+        answer."""
+        limit_mb = self.spec.storage_mb
+        if limit_mb is None or self.container_id is None:
+            return False
+        try:
+            listed = self.client.api.containers(all=True, size=True, filters={"id": self.container_id})
+        except Exception as exc:  # an engine that does not answer says nothing of the sandbox's storage
+            log.debug("sandbox %s: storage size unknown: %s", self.name, exc)
+            return False
+        finally:
+            self._count()
+        if not listed:
+            return False
+        used = int(listed[0].get("SizeRw") or 0)
+        limit = limit_mb << 20
+        return used >= limit - max(32 << 20, limit // 20)
 
     def _require_running(self) -> str:
         if self._state is not SandboxState.RUNNING or self.container_id is None:

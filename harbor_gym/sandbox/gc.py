@@ -3,7 +3,8 @@
 A labelled container, network or volume (``io.harbor-gym.managed=true``) belongs to a run (``io.harbor-gym.run``).
 It is garbage iff that run's lease is dead: its lease file is missing on this host (the run crashed, was released,
 or is not of this host) or was not renewed within the container's lease TTL (``io.harbor-gym.lease-ttl``, else
-the default). Resources of a live run are never touched, nor anything without the managed label. With
+the default). Resources of a live run are never touched, nor anything without the managed label. The shared
+public network (``io.harbor-gym.shared``) belongs to no run: it is removed only while no container is on it. With
 ``images=True`` the build cache images (``io.harbor-gym.cache=build``) not used by a container are removed too.
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from harbor_gym.errors import SandboxUnavailableError
 from harbor_gym.sandbox._engine import get_client
+from harbor_gym.sandbox._netfilter import SHARED_LABEL
 from harbor_gym.sandbox.base import MANAGED_LABEL, RUN_LABEL
 from harbor_gym.sandbox.docker_backend import TTL_LABEL
 from harbor_gym.sandbox.images import CACHE_LABEL
@@ -94,6 +96,13 @@ def collect_garbage(*, images: bool = False, client: "docker.DockerClient | None
                 report.errors.append(f"container {name}: {exc}")
     for net in api.networks(filters=selector):
         name = net.get("Name") or net["Id"][:12]
+        if SHARED_LABEL in (net.get("Labels") or {}):  # shared by every run (GYM-10): removed only while unused
+            try:
+                api.remove_network(net["Id"])
+                report.networks.append(name)
+            except docker.errors.APIError:  # in use: a live sandbox is on it
+                report.kept_live.append(name)
+            continue
         if not _dead(net.get("Labels") or {}):
             report.kept_live.append(name)
             continue

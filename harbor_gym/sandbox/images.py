@@ -60,6 +60,8 @@ class ImageInfo:
     id: str
     user: str
     workdir: str
+    #: The image's size in bytes as the engine reports it (GYM-10: btrfs counts it inside a storage limit).
+    size_bytes: int = 0
 
 
 _cache_lock = threading.Lock()
@@ -80,7 +82,7 @@ def alias_of(name: str, aliases: Mapping[str, str]) -> str:
 def _info_from_attrs(ref: str, attrs: dict) -> ImageInfo:
     config = attrs.get("Config") or {}
     return ImageInfo(ref=ref, id=attrs["Id"], user=config.get("User") or "root",
-                     workdir=config.get("WorkingDir") or "/")
+                     workdir=config.get("WorkingDir") or "/", size_bytes=int(attrs.get("Size") or 0))
 
 
 def _inspect(client: "docker.DockerClient", ref: str) -> ImageInfo | None:

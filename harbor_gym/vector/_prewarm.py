@@ -76,7 +76,8 @@ def prewarm(path: str | Path, *, size: int, config: EnvConfig | Mapping[str, Any
                                          skipped=True))
             continue
         try:
-            spec = agent_spec(task, pids_limit=cfg.pids_limit)  # the same spec the episodes will ask for
+            spec = agent_spec(task, pids_limit=cfg.pids_limit, default_storage_mb=cfg.default_storage_mb,
+                              default_memory_mb=cfg.default_memory_mb)  # the same spec the episodes ask for
             plan = seed_plan(task)  # the pool episodes claim from: sandboxes seeded ahead (GYM-2)
             pool = get_pool(spec, backend=factory.backend, settings=factory.settings, size=size, prepare=plan.apply,
                             prepare_key=plan.key)

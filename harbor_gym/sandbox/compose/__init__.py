@@ -54,6 +54,7 @@ def open_group(
     name_hint: str = "group",
     build_timeout_s: float = 600.0,
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    sidecar_storage_mb: int | None = None,
 ) -> ComposeGroup:
     """Create and start a `ComposeGroup` (see its arguments). Returns it running; after a raise nothing of it
     is left.
@@ -68,6 +69,6 @@ def open_group(
     refuse_groups(compose, choose_backend(backend))
     group = ComposeGroup(compose, settings=settings or _default_settings(), main_spec=main_spec,
                          network=network, labels=labels, name_hint=name_hint, build_timeout_s=build_timeout_s,
-                         start_timeout_s=start_timeout_s)
+                         start_timeout_s=start_timeout_s, sidecar_storage_mb=sidecar_storage_mb)
     group.start()  # stops itself on any failure
     return group

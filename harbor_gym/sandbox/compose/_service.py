@@ -161,6 +161,15 @@ class ServiceSandbox(DockerSandbox):
         )
         for mount in copies:
             self._copy_in(api, created["Id"], mount.source, mount.target)
+        if self.spec.network:  # GYM-10: egress only through the shared, host-filtered network
+            from harbor_gym.sandbox import _netfilter
+
+            try:
+                api.connect_container_to_network(created["Id"], _netfilter.public_network(self.client).name)
+                self._count()
+            except Exception as exc:
+                self._count()
+                translate_error(exc, what="join the public network", sandbox=self.name)
         return created
 
     def _copy_in(self, api: Any, container_id: str, source: str, target: str) -> None:

@@ -1,8 +1,9 @@
 """`ComposeGroup`: the services of a compose file as `Sandbox` objects on a private network (SPEC
 COMPOSE-1..3).
 
-Start: one labelled bridge network of the group (``internal`` unless the task's network is on: services reach
-each other by name, nothing reaches out), the declared named volumes (labelled), then every service in
+Start: one labelled, ``internal`` bridge network of the group (services reach each other by name, nothing reaches
+out through it; with the task's network on, every service also joins the shared, host-filtered public network for
+egress, GYM-10), the declared named volumes (labelled), then every service in
 ``depends_on`` order, each a `ServiceSandbox` (a `DockerSandbox`), waiting for ``condition: service_healthy``
 through the engine's healthcheck status before starting a dependent. ``main`` is the agent's sandbox; its spec
 (workdir, env, user, sizes) may come from the caller (`main_spec`). Sidecar sizes follow COMPOSE-2; sidecar
@@ -65,8 +66,11 @@ class ComposeGroup:
             Unset fields fall back to the compose file's (env: the compose env with the spec's laid over it;
             pids_limit: the tighter of the spec's and the compose file's). ``None``: everything from the compose
             file.
-        network: ``True`` gives the group a route out; ``False`` (default) an internal network on which the
-            services still reach each other by name.
+        network: ``True`` gives every service a route out through the shared public network
+            (`harbor_gym.sandbox._netfilter`: no host service, no other sandbox); the group's own network is
+            internal either way, and the services reach each other by name on it.
+        sidecar_storage_mb: the writable size bound of each sidecar (`EnvConfig.default_storage_mb`, GYM-10);
+            ``None``: unbounded. Service ``main`` takes ``main_spec``'s.
         labels: extra labels on every resource.
         name_hint: readable part of the resource names (e.g. the task id).
         build_timeout_s: bound of each service's image build.
@@ -90,6 +94,7 @@ class ComposeGroup:
         name_hint: str = "group",
         build_timeout_s: float = 600.0,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        sidecar_storage_mb: int | None = None,
         client: "docker.DockerClient | None" = None,
         lease: leases.Lease | None = None,
     ) -> None:
@@ -102,6 +107,7 @@ class ComposeGroup:
         self.name = f"hg-{hint}-{secrets.token_hex(3)}"
         self.build_timeout_s = build_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.sidecar_storage_mb = sidecar_storage_mb
         self._client = client
         self._lease = lease
         self._state = SandboxState.CREATED
@@ -195,7 +201,7 @@ class ComposeGroup:
         api = self.client.api
         try:
             self._network_id = api.create_network(
-                self.name, driver="bridge", internal=not self.network_enabled, labels=labels,
+                self.name, driver="bridge", internal=True, labels=labels,
                 check_duplicate=True)["Id"]
             for volume in self.compose.volumes:
                 docker_name = f"{self.name}_{volume}"
@@ -248,7 +254,7 @@ class ComposeGroup:
             spec = SandboxSpec(
                 **image, build_timeout_s=self.build_timeout_s, workdir=service.working_dir, env=service.env,
                 user=service.user, cpus=size.cpus, pids_limit=size.pids, network=self.network_enabled,
-                labels=member_labels, name_hint=hint)
+                storage_mb=self.sidecar_storage_mb, labels=member_labels, name_hint=hint)
         return ServiceSandbox(spec, self.settings, service=service, network=self.name, volumes=self._volumes,
                               memory_bytes=memory_bytes, follow_service=not service.is_main,
                               client=self._client, lease=lease)
