@@ -118,11 +118,14 @@ def test_compose_1_main_reaches_sidecar_by_name_on_an_internal_network(tmp_path,
 
 
 @pytest.mark.docker
-def test_compose_1_network_on_gives_a_non_internal_network(tmp_path, group_factory, docker_client):
-    # SPEC: COMPOSE-1 — with the task's network on, the group's network is an ordinary bridge
+def test_compose_1_network_on_egress_is_the_shared_filtered_network(tmp_path, group_factory, docker_client):
+    # SPEC: COMPOSE-1, GYM-10 — with the task's network on, the group's own network stays internal and main's
+    # route out is the shared, host-filtered public network (never an ordinary bridge of the group's)
     compose = compose_in(tmp_path, f"services:\n  main:\n    image: {BASE_IMAGE}\n")
     group = group_factory(compose, network=True)
-    assert docker_client.api.inspect_network(group.name)["Internal"] is False
+    assert docker_client.api.inspect_network(group.name)["Internal"] is True
+    networks = docker_client.api.inspect_container(group.main.container_id)["NetworkSettings"]["Networks"]
+    assert set(networks) == {group.name, "harbor-gym-public"}
 
 
 @pytest.mark.docker
