@@ -20,11 +20,13 @@ ExecFn = Callable[..., ExecResult]
 #: string at 128 KiB, MAX_ARG_STRLEN).
 ARGV_LIMIT_BYTES = 128 * 1024
 
-# Read the script from stdin into a private file, run it with sh, remove it, keep its exit code.
-_FROM_STDIN = ('f=$(mktemp "${TMPDIR:-/tmp}/harbor-gym-cmd.XXXXXX") || exit 126; cat > "$f"; '
-               'sh "$f"; rc=$?; rm -f "$f"; exit $rc')
+# Read the script from stdin into a private file, run it with the shell, remove it, keep its exit code.
+_FROM_STDIN = ('f=$(mktemp "${{TMPDIR:-/tmp}}/harbor-gym-cmd.XXXXXX") || exit 126; cat > "$f"; '
+               '{shell} "$f" "$@"; rc=$?; rm -f "$f"; exit $rc')
 # Store the script from stdin in a private file and print its path (the run then gets the caller's stdin).
 _STORE = 'f=$(mktemp "${TMPDIR:-/tmp}/harbor-gym-cmd.XXXXXX") || exit 126; cat > "$f" && printf %s "$f"'
+_RUN_STORED = 'f=$1; shift; {shell} "$f" "$@"; rc=$?; rm -f "$f"; exit $rc'
+_SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/bash", "dash", "/bin/dash"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,9 +111,11 @@ class Turn:
         """Run ``command`` in the sandbox as the turn's agent user, bounded by ``timeout`` and the time left.
 
         A ``str`` runs through ``/bin/sh -c``; a sequence is argv. ``env`` is laid over the turn's ``env``.
-        A command of any length runs: one over `ARGV_LIMIT_BYTES` is sent on stdin to a small ``sh`` reader that
-        stores it in a private temporary file and runs it with ``sh`` (the command's own stdin is then empty, or,
-        when ``stdin`` is given, a second exec runs the stored file with ``stdin``).
+        A command of any length runs: one over `ARGV_LIMIT_BYTES` is sent on stdin to a small reader that stores it
+        in a private temporary file and runs that file with ``sh`` (a ``[shell, "-c", script, *args]`` argv: with
+        its shell and arguments; ``$0`` is then the file), then removes it. The command's own stdin is then empty,
+        or, when ``stdin`` is given, a second exec runs the stored file with ``stdin``. Another argv is run as a
+        quoted ``sh`` line, so each of its items must stay under 128 KiB (a kernel limit).
 
         Returns:
             The `ExecResult`; ``timed_out`` is set when the command hit its bound (or the budget was already
@@ -126,18 +130,30 @@ class Turn:
         bound = timeout if left is None else (left if timeout is None else min(timeout, left))
         merged = {**self.env, **(env or {})}
         run = dict(timeout=bound, user=self.user, env=merged, cwd=cwd or self.workdir)
-        text = command if isinstance(command, str) else shlex.join(command)
         if _size(command) <= ARGV_LIMIT_BYTES:
             return self._exec_fn(command, stdin=stdin, **run)
+        shell, script, args = _as_script(command)
         if stdin is None:
-            return self._exec_fn(["sh", "-c", _FROM_STDIN], stdin=text.encode(), **run)
-        stored = self._exec_fn(["sh", "-c", _STORE], stdin=text.encode(), **run)
+            return self._exec_fn([shell, "-c", _FROM_STDIN.format(shell=shell), *args], stdin=script.encode(), **run)
+        stored = self._exec_fn(["sh", "-c", _STORE], stdin=script.encode(), **run)
         if stored.exit_code != 0 or stored.timed_out or not stored.stdout.strip():
             return stored
-        path = stored.stdout.strip()
         left = self.time_left_sec
         run["timeout"] = timeout if left is None else (left if timeout is None else min(timeout, left))
-        return self._exec_fn(["sh", "-c", 'sh "$0"; rc=$?; rm -f "$0"; exit $rc', path], stdin=stdin, **run)
+        return self._exec_fn([shell, "-c", _RUN_STORED.format(shell=shell), args[0], stored.stdout.strip(),
+                              *args[1:]], stdin=stdin, **run)
+
+
+def _as_script(command: str | Sequence[str]) -> tuple[str, str, list[str]]:
+    """``(shell, script, [$0, $1, ...])`` running ``command`` as a script file: a ``str`` with ``sh``; a
+    ``[shell, "-c", script, *args]`` argv with its own shell and arguments; any other argv as a quoted ``sh``
+    line (each of its items must then fit in argv)."""
+    if isinstance(command, str):
+        return "sh", command, ["sh"]
+    argv = [str(a) for a in command]
+    if len(argv) >= 3 and argv[0] in _SHELLS and argv[1] == "-c":
+        return argv[0], argv[2], (argv[3:] or [argv[0]])
+    return "sh", shlex.join(argv), ["sh"]
 
 
 def _size(command: str | Sequence[str]) -> int:
