@@ -30,7 +30,7 @@ from harbor_gym.sandbox.local import LocalSandbox
 from harbor_gym.sandbox.local import _net
 from harbor_gym.sandbox.local._exec import CAP_MASK
 
-from .helpers import BASE_IMAGE, LABEL
+from .helpers import BASE_IMAGE, LABEL, LOCAL, config, grade, run_episode, toml, write_task
 
 pytestmark = pytest.mark.bwrap
 
@@ -394,3 +394,41 @@ def test_storage_bound_holds_against_dd_and_fallocate(settings, writer):
         assert _allocated_bytes(image) <= (256 + 128) * mib  # the host disk grew by at most the bound
         text = textwrap.shorten(r.stdout, 200)
         assert sb.exec("echo still-alive", timeout=30).stdout.strip() == "still-alive", text
+
+
+# SPEC: GYM-10
+def test_local_task_with_storage_mb_256_runs_and_a_filler_ends_the_turn_as_storage_exceeded(tmp_path):
+    # The task runs on the local backend (graded 1.0) within its bound; a disk filler leaves the verifier no room
+    # for its reward and the turn names the cause (harbor_gym:storage_exceeded, "storage").
+    files = {"task.toml": toml(["s1"], env="storage_mb = 256"), "tests/test.sh": grade("[ -f /app/done ]")}
+    cfg = config(LOCAL)
+    results, final = run_episode(write_task(tmp_path, files, name="local-storage-ok"), "touch /app/done", cfg)
+    assert final.graded and final.reward == 1.0 and results[0].record.failure_kind is None
+    # big writes first, then small ones (ext4 refuses a 4 MiB write with ~2 MiB left), as a real filler would
+    fill = ("dd if=/dev/zero of=/fill bs=4M count=1000 2>/dev/null; dd if=/dev/zero of=/fill2 bs=4k 2>/dev/null; "
+            "touch /app/done; sync")
+    results, final = run_episode(write_task(tmp_path, files, name="local-storage-full"), fill, cfg)
+    rec = results[0].record
+    assert rec.failure_kind == "harbor_gym:storage_exceeded" and "storage" in (rec.failure_message or ""), rec
+    assert not final.graded
+
+
+# SPEC: GYM-10
+def test_local_episode_gets_the_default_storage_and_memory_bounds(tmp_path):
+    # A task setting neither storage_mb nor memory_mb gets EnvConfig's defaults on the local backend too: a
+    # 10240 MiB ext4 layer (sparse on the host) and a 4096 MiB memory cgroup.
+    from harbor_gym.episode import Episode
+    from harbor_gym.task import load_task
+
+    task = write_task(tmp_path, {"task.toml": toml(["s1"]), "tests/test.sh": grade("true")}, name="local-defaults")
+    cfg = config(LOCAL)
+    with Episode(load_task(task, cfg), cfg) as ep:
+        ep.start()
+        sb = ep._sandbox
+        assert sb.spec.storage_mb == 10240 and sb.spec.memory_mb == 4096
+        df = sb.exec(["df", "-k", "--output=size", "/"], timeout=30).stdout.split()
+        assert 9 * (1 << 20) < int(df[-1]) <= 10240 * 1024  # KiB: the bound is the filesystem's size
+        assert _allocated_bytes(sb.folder / "layer.img") < 256 << 20  # sparse: only what is written
+        limit = sb.exec("cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max 2>/dev/null",
+                        timeout=30).stdout.split()
+        assert str(4096 << 20) in limit
