@@ -116,9 +116,13 @@ def _raise(error: Exception):
 
 
 def _load_outcome(load) -> tuple[bool, str]:
-    """``(ok, text)`` of one task load: the step count, or the error's message."""
+    """``(ok, text)`` of one task load: the step count, or the error's message. A task whose env templates read a
+    host variable outside the (default, empty) allowlist fails here as ``reset()`` would refuse it (LOAD-23)."""
+    from harbor_gym.task.hostenv import check_host_env
+
     try:
         task = load()
+        check_host_env(task, ())
     except HarborGymError as exc:
         return False, str(exc)
     return True, f"{len(task.steps)} step{'s' if len(task.steps) != 1 else ''}"

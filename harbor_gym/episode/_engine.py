@@ -215,8 +215,9 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         t0 = time.monotonic()
         separate = [s for s, m in zip(self.task.steps, self._modes) if m == "separate"]
         seed_refusals(self.task, self.config, self.agent, backend=self._backend_name(), separate_steps=separate)
-        self._env = resolved_env(self.task.config.environment.env, where="environment.env")
-        self._solution_env = resolved_env(self.task.config.solution.env, where="solution.env")
+        allow = self.config.host_env_allowlist
+        self._env = resolved_env(self.task.config.environment.env, where="environment.env", allowlist=allow)
+        self._solution_env = resolved_env(self.task.config.solution.env, where="solution.env", allowlist=allow)
         spec = agent_spec(self.task, env=self._env, pids_limit=self.config.pids_limit,
                           default_storage_mb=self.config.default_storage_mb,
                           default_memory_mb=self.config.default_memory_mb)

@@ -4,7 +4,7 @@ VER-3/4), and the seed refusals checked before any sandbox starts (SPEC LOAD-20.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from harbor_gym.agents import Oracle, supports_continue
 from harbor_gym.config import EnvConfig, Semantics, TurnSessions
@@ -32,14 +32,17 @@ def _or(value: int | None, default: int | None) -> int | None:
     return value if value is not None else default
 
 
-def resolved_env(env: Mapping[str, str], *, where: str, host_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """FMT-15 applied to ``env`` against the host's environment.
+def resolved_env(env: Mapping[str, str], *, where: str, host_env: Mapping[str, str] | None = None,
+                 allowlist: Iterable[str] = ()) -> dict[str, str]:
+    """FMT-15 applied to ``env`` against the host's environment, reading only the variables of ``allowlist``
+    (`EnvConfig.host_env_allowlist`; the default ``()`` reads none: a template's default is used).
 
     Raises:
-        SeedRefusedError: LOAD-23 (an `EnvTemplateError`), naming ``where`` and the key.
+        SeedRefusedError: LOAD-23 (an `EnvTemplateError`), naming ``where``, the key and the variable (also when
+            the variable is outside ``allowlist``).
     """
     try:
-        return resolve_env_templates(env, os.environ if host_env is None else host_env)
+        return resolve_env_templates(env, os.environ if host_env is None else host_env, allowlist=allowlist)
     except SeedRefusedError as exc:
         exc.field = f"{where}.{exc.field}" if exc.field else where
         raise
@@ -102,7 +105,8 @@ def agent_spec(task: Task, *, env: Mapping[str, str] | None = None,
 
 
 def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec, default_storage_mb: int | None = DEFAULT_STORAGE_MB,
-                  default_memory_mb: int | None = DEFAULT_MEMORY_MB) -> tuple[SandboxSpec, bool]:
+                  default_memory_mb: int | None = DEFAULT_MEMORY_MB,
+                  host_env_allowlist: Iterable[str] = ()) -> tuple[SandboxSpec, bool]:
     """VER-3/4: the fresh sandbox a ``separate`` step verifies in, and whether VER-6 uploads the tests.
 
     The table is ``[steps.verifier.environment]``, else ``[verifier.environment]``, else a copy of ``[environment]``
@@ -121,7 +125,7 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec, default_storage
         base = agent
     else:
         _check_resources(table, task, f"steps.{step.name}.verifier.environment")
-        spec_env = resolved_env(table.env, where="verifier.environment.env")
+        spec_env = resolved_env(table.env, where="verifier.environment.env", allowlist=host_env_allowlist)
         base = None
     labels = {TASK_LABEL: task.id, STEP_LABEL: step.name}
     if table is None:
@@ -182,12 +186,16 @@ def seed_refusals(task: Task, config: EnvConfig, agent: Any, *, backend: str, se
         if len(users) > 1 and not harbor:
             raise SeedRefusedError(f"turn_sessions='continue' but the steps' agent users differ: {sorted(map(str, users))}",
                                    path=toml, field="steps.agent.user", rule="LOAD-22")
-    # LOAD-23: every env template resolves (environment env is resolved again by agent_spec).
-    resolved_env(task.config.environment.env, where="environment.env")
-    resolved_env(task.config.solution.env, where="solution.env")
+    # LOAD-23: every env template resolves, reading only allowlisted host variables (FMT-15).
+    allow = config.host_env_allowlist
+    env = resolved_env(task.config.environment.env, where="environment.env", allowlist=allow)
+    resolved_env(task.config.solution.env, where="solution.env", allowlist=allow)
     for step in task.steps:
-        resolved_env(step.verifier_env, where=f"steps.{step.name}.verifier.env")
-    agent_spec(task)  # LOAD-24 network/resources of [environment]
+        resolved_env(step.verifier_env, where=f"steps.{step.name}.verifier.env", allowlist=allow)
+        if step.verifier_environment is not None:
+            resolved_env(step.verifier_environment.env, where=f"steps.{step.name}.verifier.environment.env",
+                         allowlist=allow)
+    agent_spec(task, env=env)  # LOAD-24 network/resources of [environment]
     if not config.enforce_task_timeouts and separate_steps:
         allowance = max(_build_timeout(task, s) for s in separate_steps)
         if config.default_episode_timeout_seconds < allowance:

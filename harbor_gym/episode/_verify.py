@@ -42,7 +42,8 @@ class _VerifyPhase:
     def _verify(self, t: _Turn) -> None:
         step = t.step
         budget = verifier_budget(step.verifier_timeout_sec, self._multiplier)
-        env = {**self._env, **resolved_env(step.verifier_env, where=f"steps.{step.name}.verifier.env")}
+        env = {**self._env, **resolved_env(step.verifier_env, where=f"steps.{step.name}.verifier.env",
+                                           allowlist=self.config.host_env_allowlist)}
         doc = build_trajectory(t.instruction, agent_identity(t.agent),
                                t.outcome.trajectory if t.outcome is not None else None)
         payload = json.dumps(doc, indent=2).encode()
@@ -52,7 +53,8 @@ class _VerifyPhase:
         if t.mode == "separate":
             spec, uploads = verifier_spec(self.task, step, agent=self._agent_spec,
                                           default_storage_mb=self.config.default_storage_mb,
-                                          default_memory_mb=self.config.default_memory_mb)
+                                          default_memory_mb=self.config.default_memory_mb,
+                                          host_env_allowlist=self.config.host_env_allowlist)
             if t.index == len(self.task.steps) - 1 and self._sandbox is not None:
                 # VER-3: on the last step, the agent sandbox (and its group) stops before the verify.
                 (self._group or self._sandbox).stop()

@@ -10,16 +10,20 @@ service: ``image`` or ``build`` (a context string, or ``{context, dockerfile}``)
 ``deploy.resources.{limits,reservations}`` (``cpus``, ``memory``, ``pids`` in limits) and the legacy
 ``cpus``/``mem_limit``. At the top level: ``services``, ``volumes`` (names only) and the obsolete ``version``.
 ``x-*`` extension keys are ignored, as compose does. Anything else is refused (rule ``COMPOSE-1``; sizes
-``COMPOSE-2``; paths outside ``environment/`` ``LOAD-13``), never silently ignored. Values are taken
-literally: no ``${VAR}`` interpolation.
+``COMPOSE-2``; paths outside ``environment/`` ``LOAD-13``), never silently ignored. Values are interpolated first
+(``${VAR}``, ``${VAR:-default}``, ``${VAR:?msg}``, ``$$``) from the task's env, Harbor's compose variables, the host
+allowlist and ``.env`` beside the file; `harbor_gym.task._compose_vars` documents the sources and the exact list of
+Harbor's variables, and why ``HOST_*_PATH`` never becomes a host bind mount.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harbor_gym.errors import TaskLoadError
+from harbor_gym.task._compose_vars import ComposeVariables
 
 __all__ = [
     "COMPOSE_RULE",
@@ -218,32 +222,49 @@ def check_sidecar_names(compose: ComposeFile, uses: list[tuple[str, str]], toml_
 # --- parsing ----------------------------------------------------------------------------------------------
 
 
-def parse_compose_file(path: Path) -> ComposeFile:
-    """Read and validate the compose file ``path`` (its folder is the environment folder).
+def parse_compose_file(path: Path, *, variables: ComposeVariables | None = None) -> ComposeFile:
+    """Read, interpolate and validate the compose file ``path`` (its folder is the environment folder).
+
+    ``variables``: where ``${VAR}`` values come from besides ``.env`` (``None``: no task env, no Harbor variables,
+    no host variable).
 
     Raises:
         TaskLoadError: unreadable, not YAML, an unsupported key (named), a bad value, no ``main`` service
-            (COMPOSE-1), a bad size (COMPOSE-2), a path outside the environment folder (LOAD-13).
+            (COMPOSE-1), a bad size (COMPOSE-2), a path outside the environment folder (LOAD-13), a required
+            variable (``${VAR:?msg}``) unset or a malformed ``${...}`` (COMPOSE-1), a ``HOST_*_PATH`` variable
+            outside a mount source (LOAD-13).
     """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TaskLoadError(f"cannot read the compose file: {exc}", path=path, rule=COMPOSE_RULE) from exc
-    return parse_compose_text(text, path=path)
+    return parse_compose_text(text, path=path, variables=variables)
 
 
-def parse_compose_text(text: str, *, path: Path) -> ComposeFile:
+def parse_compose_text(text: str, *, path: Path, variables: ComposeVariables | None = None) -> ComposeFile:
     """Validate compose YAML ``text`` as if it were the file ``path`` (see `parse_compose_file`)."""
     import yaml
 
     from harbor_gym.task._compose_parse import Refusal, parse_data
+    from harbor_gym.task._compose_vars import ComposeVariableWarning, InterpolationError, interpolate_data, read_dotenv
 
     path = Path(path)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise TaskLoadError(f"not valid YAML: {exc}", path=path, rule=COMPOSE_RULE) from exc
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ComposeVariableWarning)
+            data = interpolate_data(data, variables or ComposeVariables(), read_dotenv(path.parent / ".env"))
+        for item in caught:  # shown as coming from the compose file, not from harbor_gym's source
+            warnings.warn_explicit(item.message, item.category, filename=str(path), lineno=1)
+    except InterpolationError as bad:
+        raise TaskLoadError(bad.message, path=path, field=bad.key, rule=bad.rule) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskLoadError(f"cannot read .env beside the compose file: {exc}", path=path.parent / ".env",
+                            rule=COMPOSE_RULE) from exc
     try:
         return parse_data(data, path)
     except Refusal as refusal:

@@ -15,12 +15,13 @@ import os
 from pathlib import Path
 
 from harbor_gym.config import EnvConfig, Semantics
-from harbor_gym.errors import TaskLoadError
+from harbor_gym.errors import EnvTemplateError, TaskLoadError
 from harbor_gym.task.compose import check_sidecar_names, parse_compose_file
 from harbor_gym.task.files import check_inside, upload_listing
 from harbor_gym.task.models import StepConfig, TaskConfig, VerifierEnvironmentMode, resolve_verifier_mode
 from harbor_gym.task.resolved import ImageSourceKind, Step, StepArtifact, Task, VerifierImageSource
-from harbor_gym.task.text import strip_canary
+from harbor_gym.task._compose_vars import ComposeVariables, harbor_variables
+from harbor_gym.task.text import resolve_env_templates, strip_canary
 from harbor_gym.task.toml_io import parse_task_toml
 
 __all__ = ["check_timeout_multiplier", "load_task", "verifier_image_source"]
@@ -317,7 +318,8 @@ def load_task(
         _check_listing(root, _existing_dir(step_dir / "tests"), "test.sh", field, True)
         _check_listing(root, _existing_dir(step_dir / "solution"), "solve.sh", field, True)
 
-    compose = parse_compose_file(compose_file) if compose_file is not None else None
+    compose = parse_compose_file(compose_file, variables=_compose_variables(root, task_config, cfg)) \
+        if compose_file is not None else None
     if compose is not None:
         check_sidecar_names(compose, _sidecar_uses(task_config), toml_path)
     if compose_file is None:
@@ -351,6 +353,24 @@ def load_task(
         timeout_multiplier=multiplier,
         first_step_trajectory=first_traj,
     )
+
+
+def _compose_variables(root: Path, task_config: TaskConfig, cfg: EnvConfig) -> ComposeVariables:
+    """Where the compose file's ``${VAR}`` values come from (`harbor_gym.task._compose_vars`): the task's
+    ``[environment].env`` (FMT-15 through the allowlist; a template that cannot resolve is left out here and
+    refused at seed, LOAD-23), Harbor's compose variables, the allowlisted host variables."""
+    env = task_config.environment
+    task_env: dict[str, str] = {}
+    for key, value in env.env.items():
+        try:
+            task_env.update(resolve_env_templates({key: value}, os.environ, allowlist=cfg.host_env_allowlist))
+        except EnvTemplateError:
+            continue
+    memory = env.memory_mb if env.memory_mb is not None else cfg.default_memory_mb
+    return ComposeVariables(
+        task_env=task_env,
+        harbor=harbor_variables(root.name, cpus=env.cpus, memory_mb=memory, docker_image=env.docker_image),
+        host_allowlist=tuple(cfg.host_env_allowlist))
 
 
 def _check_separate_tests(

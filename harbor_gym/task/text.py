@@ -1,9 +1,10 @@
-"""Pure text helpers of the task layer: FMT-2 canary stripping and FMT-15 env templates."""
+"""Pure text helpers of the task layer: FMT-2 canary stripping and FMT-15 env templates (with the host variable
+allowlist, `EnvConfig.host_env_allowlist`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from harbor_gym.errors import EnvTemplateError
 
@@ -60,17 +61,22 @@ def is_env_template(value: str) -> bool:
     return _TEMPLATE.match(value) is not None
 
 
-def resolve_env_templates(env: Mapping[str, str], host_env: Mapping[str, str]) -> dict[str, str]:
+def resolve_env_templates(env: Mapping[str, str], host_env: Mapping[str, str], *,
+                          allowlist: Iterable[str] | None = None) -> dict[str, str]:
     """FMT-15: resolve env values that are exactly ``${VAR}`` / ``${VAR:-default}`` against ``host_env``.
 
     ``${VAR}`` takes ``host_env[VAR]`` (an empty value counts as set); ``${VAR:-default}`` takes
     ``host_env[VAR]`` when set and non-empty, else ``default`` (shell semantics). Any other value is kept
-    literally.
+    literally. With an ``allowlist`` (`EnvConfig.host_env_allowlist`), a variable outside it counts as unset
+    whatever the host holds: its default is used and ``host_env`` is never read for it, so a downloaded task
+    cannot read the trainer's secrets. ``None``: every host variable is readable (callers that have a config
+    always pass its allowlist).
 
     Raises:
         EnvTemplateError: LOAD-23, naming the variable (``.variable``) and the env key (``field``), when
-            ``${VAR}`` names a variable unset on the host. Nothing is resolved then.
+            ``${VAR}`` names a variable outside the allowlist, or one unset on the host. Nothing is resolved then.
     """
+    allowed = None if allowlist is None else frozenset(allowlist)
     out: dict[str, str] = {}
     for key, value in env.items():
         match = _TEMPLATE.match(value) if isinstance(value, str) else None
@@ -78,11 +84,20 @@ def resolve_env_templates(env: Mapping[str, str], host_env: Mapping[str, str]) -
             out[key] = value
             continue
         var, default = match.group(1), match.group(2)
+        readable = allowed is None or var in allowed
         if default is not None:
-            host = host_env.get(var)
+            host = host_env.get(var) if readable else None
             out[key] = host if host else default
-        elif var in host_env:
+        elif readable and var in host_env:
             out[key] = host_env[var]
+        elif not readable:
+            raise EnvTemplateError(
+                f"names host variable {var}, which is not in EnvConfig.host_env_allowlist, so a task cannot read "
+                f"it; add {var} to host_env_allowlist or write ${{{var}:-default}}",
+                field=key,
+                rule="LOAD-23",
+                variable=var,
+            )
         else:
             raise EnvTemplateError(
                 f"host variable {var} is unset and the template has no default; set it or write ${{{var}:-default}}",

@@ -1,0 +1,99 @@
+"""What real Harbor task folders use (Issue 16 item 2), on real Docker: a compose file with ``${VAR:-default}``
+images, an ``.env`` and Harbor's compose variables; a task naming a host variable outside the allowlist (refused at
+seed, nothing started); a ``RUN --mount`` Dockerfile built with BuildKit; a GPU task refused at seed."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import pytest
+
+from harbor_gym import HarborEnv, SeedRefusedError
+from harbor_gym.agents import Oracle
+from harbor_gym.errors import EnvTemplateError
+from env_helpers import DOCKER, ENVS, labelled_containers
+from task_folders import REWARD_1, toml, write_task
+
+pytestmark = pytest.mark.docker
+
+KV_COMPOSE = """\
+# The real-world shape: image names with defaults, values from .env, Harbor's runner variables, a mount of
+# Harbor's host logs folder (dropped: harbor_gym never bind-mounts host folders).
+services:
+  main:
+    image: ${MAIN_IMAGE:-python:3.12-slim}
+    environment:
+      WHERE_LOGS: ${ENV_VERIFIER_LOGS_PATH}
+    volumes:
+      - ${HOST_VERIFIER_LOGS_PATH}:${ENV_VERIFIER_LOGS_PATH}
+    depends_on:
+      kv:
+        condition: service_healthy
+  kv:
+    build:
+      context: ${CONTEXT_DIR}/kv
+    environment:
+      KV_PORT: "${KV_PORT:?KV_PORT is set in .env}"
+      KV_DATA: ${KV_DATA:-/data}
+    volumes:
+      - kvdata:/data
+    healthcheck:
+      test: ["CMD", "python3", "/srv/kv/healthcheck.py"]
+      interval: 1s
+      timeout: 3s
+      retries: 10
+volumes:
+  kvdata:
+"""
+
+
+def test_compose_interpolation_defaults_and_dotenv_run_on_docker(tmp_path, no_leaks):
+    # Issue 16 item 2 must-hold: a compose file with ${VAR:-default} images and an .env runs. Interpolation happens
+    # at load and is the same under both semantics (no DIFF row), so one semantics runs here.
+    task = tmp_path / "kv-interpolated"
+    shutil.copytree(ENVS / "kv-sidecar", task)
+    (task / "environment" / "docker-compose.yaml").write_text(KV_COMPOSE)
+    (task / "environment" / ".env").write_text("# as docker compose reads it\nKV_PORT=8000\n")
+    for semantics in ("harbor",):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            env = HarborEnv(task, config={**DOCKER, "semantics": semantics})
+        try:
+            env.reset()
+            main = env.unwrapped.task.compose.main
+            assert main.image == "python:3.12-slim" and main.mounts == ()
+            rewards = []
+            terminated = False
+            while not terminated:
+                _, reward, terminated, _, _ = env.step(Oracle())
+                rewards.append(reward)
+            assert rewards == [1.0] * len(env.unwrapped.task.steps)
+        finally:
+            env.close()
+
+
+def test_load_23_host_variable_outside_the_allowlist_is_refused_at_seed(tmp_path, monkeypatch, docker_client,
+                                                                          no_leaks):
+    # Issue 16 item 2 must-hold: a task naming a host variable outside the allowlist is refused at seed, naming
+    # it, before any sandbox starts; allowlisted, the same task runs and sees the value
+    monkeypatch.setenv("HG_TRAINER_SECRET", "s3cret")
+    check = '#!/bin/bash\n[ "$TOKEN" = s3cret ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n'
+    task = write_task(tmp_path, {"task.toml": toml(tail='[verifier]\nenv = { TOKEN = "${HG_TRAINER_SECRET}" }\n'),
+                                 "instruction.md": "Do it.\n", "tests/test.sh": check}, "leaky")
+    env = HarborEnv(task, config=DOCKER)
+    try:
+        with pytest.raises(EnvTemplateError) as caught:
+            env.reset()
+        assert isinstance(caught.value, SeedRefusedError) and caught.value.rule == "LOAD-23"
+        assert caught.value.variable == "HG_TRAINER_SECRET" and "host_env_allowlist" in str(caught.value)
+        assert labelled_containers(docker_client) == []  # refused before any sandbox
+    finally:
+        env.close()
+    env = HarborEnv(task, config={**DOCKER, "host_env_allowlist": ["HG_TRAINER_SECRET"]})
+    try:
+        env.reset()
+        _, reward, terminated, _, _ = env.step(":")
+        assert reward == 1.0 and terminated
+    finally:
+        env.close()
