@@ -73,4 +73,24 @@ def collect_local_garbage(*, root: Path | None = None, grace_s: float = _GRACE_S
         remove_cgroups(meta.get("cgroups", []))
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder.name)
+    _release_stale_addresses()
     return removed
+
+
+def _release_stale_addresses() -> None:
+    """Remove the network address leases (``_net.LEASE_DIR``) whose sandbox folder is gone."""
+    from harbor_gym.sandbox.local._net import LEASE_DIR
+
+    try:
+        entries = list(LEASE_DIR.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        try:
+            holder = Path(entry.read_text())
+        except OSError:
+            continue
+        if not holder.exists():
+            entry.unlink(missing_ok=True)

@@ -3,11 +3,13 @@
 It is started by `LocalSandbox.start` inside a private mount namespace (``unshare --mount --propagation private``)
 and owns everything of its sandbox:
 
-1. mounts the writable layer (a size-bounded tmpfs when asked, else a folder on the temp root's filesystem) and an
-   overlayfs of the read-only root filesystem + that layer — in its own mount namespace only, so the mounts vanish
-   with the namespace and the root filesystem folder is never written;
-2. starts bubblewrap on the merged tree (private PID/IPC/UTS namespaces, a private network namespace when the network
-   is off), through ``/bin/sh`` when the bwrap process must first join the sandbox's cgroups;
+1. mounts the writable layer (with ``storage_mb``: a loop-mounted ext4 image of that size, else a tmpfs of that size
+   where no loop device can be had; without: a folder on the temp root's filesystem) and an overlayfs of the
+   read-only root filesystem + that layer — in its own mount namespace only, so the mounts vanish with the namespace
+   (the loop device with them) and the root filesystem folder is never written;
+2. starts bubblewrap on the merged tree (private PID/IPC/UTS namespaces; the keeper already runs in the sandbox's
+   own network namespace), through the host's ``/bin/sh`` when the bwrap process must first join the sandbox's
+   cgroups;
 3. reports ``{"pid": <host pid of the sandbox's PID 1>}`` as one JSON line on stdout;
 4. watches the lease file: when its mtime is older than the lease TTL (the host stopped renewing it: the trainer
    died), or on SIGTERM/SIGINT, or when bwrap ends, it kills the sandbox (its PID namespace dies with PID 1),
