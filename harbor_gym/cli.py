@@ -278,6 +278,20 @@ def _parse_labels(items: Sequence[str]) -> dict[str, str]:
     return labels
 
 
+def _agent_args(args: argparse.Namespace) -> dict:
+    """The agent's constructor arguments: ``--agent-arg`` items, and for ``chat`` ``--model``, ``--base-url``,
+    ``--api-key-env`` (GYM-13)."""
+    from harbor_gym.run.agents import parse_agent_args
+
+    kwargs = parse_agent_args(args.agent_arg)
+    if args.agent.strip() == "chat":
+        kwargs.update({k: v for k, v in (("model", args.model), ("base_url", args.base_url)) if v})
+        kwargs["api_key_env"] = args.api_key_env
+    elif args.model or args.base_url:
+        raise UsageError("--model and --base-url are options of --agent chat")
+    return kwargs
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     """Run K rollouts of every task with an agent; results in --out (see harbor_gym.run)."""
     from harbor_gym.config import EnvConfig
@@ -285,7 +299,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from harbor_gym.run import RunOptions, load_targets, resolve_agent, run_rollouts
     from harbor_gym.run.progress import RichProgress, summary_table
 
-    agent = resolve_agent(args.agent)
+    agent = resolve_agent(args.agent, _agent_args(args))
     config = EnvConfig(backend=_engine_backend(args.backend, "run"), labels=_parse_labels(args.label),
                        semantics=args.semantics)
     try:
@@ -303,7 +317,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # teardown of an ended episode's sandbox always runs in the background.
     options = RunOptions(agent=agent, out=out, rollouts_per_task=args.rollouts_per_task,
                          concurrency=args.concurrency, retries=args.retries, seed=args.seed, config=config,
-                         sandbox_factory=pool_factory(config, size=args.pool_size))
+                         sandbox_factory=pool_factory(config, size=args.pool_size),
+                         save_trajectories=args.save_trajectories)
     try:
         report = run_rollouts(targets, options, RichProgress(_err))
     finally:
@@ -336,7 +351,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("path", metavar="PATH", help="a task folder or a folder of task folders")
     run.add_argument("--agent", default="oracle", metavar="SPEC",
                      help="oracle (default) | script:FILE (FILE's text every turn; a folder: <step_name>.sh, else "
-                          "default.sh, else ':') | module:Class (imported, made with no args, has run(turn))")
+                          "default.sh, else ':') | module:Class (imported, made with the --agent-arg arguments, has "
+                          "run(turn)) | chat (ChatAgent: a model behind an OpenAI-compatible endpoint, with --model "
+                          "and --base-url)")
+    run.add_argument("--model", metavar="NAME", help="chat: the model name the server serves")
+    run.add_argument("--base-url", metavar="URL", help="chat: the endpoint, e.g. http://127.0.0.1:8000/v1")
+    run.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR",
+                     help="chat: the environment variable holding the API key (default OPENAI_API_KEY; unset: no "
+                          "key, as local servers need); the key is never taken from the command line")
+    run.add_argument("--agent-arg", action="append", default=[], metavar="KEY=VALUE",
+                     help="a constructor argument of the agent (module:Class, chat), repeatable; VALUE is read as "
+                          "JSON when it parses (3, 0.5, true, {...}), else as a string; e.g. max_steps=20")
+    run.add_argument("--save-trajectories", action="store_true",
+                     help="also write OUT/trajectories.jsonl: each turn's agent outcome and model calls (token ids, "
+                          "logprobs) beside the rows (format: harbor_gym.run.trajectories)")
     run.add_argument("--backend", choices=["auto", "docker", "local"], default="auto",
                      help="docker (an engine must answer, else exit 2), local (bubblewrap), or auto (default: docker "
                           "when an engine answers, else local, announced in one line)")

@@ -7,22 +7,34 @@ Specs (SPEC GYM-4 says what an action can be):
   agent user). ``script:DIR`` (a folder): each turn runs ``DIR/<step_name>.sh``, else ``DIR/default.sh``, else
   the no-op ``:``; the folder must hold at least one ``.sh`` file.
 - ``module:Class`` (``package.module:Class``, or ``path/to/file.py:Class``): the class is imported (the current
-  folder is on the import path) and instantiated with no arguments once per episode; it must have ``run(turn)``.
+  folder is on the import path) and instantiated once per episode with the ``--agent-arg`` arguments (none by
+  default); it must have ``run(turn)``.
+- ``chat``: `harbor_gym.agents.ChatAgent` over an OpenAI-compatible endpoint (GYM-13), made once per episode with
+  ``model``, ``base_url`` and the ``--agent-arg`` arguments (``max_steps=20``, ``temperature=0.7``,
+  ``tool_mode=text``...). Its key is read from the environment variable ``api_key_env`` (default
+  ``OPENAI_API_KEY``) in the process that calls the model, never from the command line.
+
+``--agent-arg KEY=VALUE`` values are read as JSON when they parse (``3``, ``0.5``, ``true``, ``null``,
+``{"top_k": 20}``), else kept as strings.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from harbor_gym.errors import ConfigError
 
-__all__ = ["AgentSpec", "EpisodeAgent", "resolve_agent"]
+__all__ = ["AgentSpec", "EpisodeAgent", "resolve_agent", "parse_agent_args", "AGENT_KINDS"]
+
+#: What ``--agent`` accepts (``--help`` lists them).
+AGENT_KINDS = ("oracle", "script:FILE", "module:Class", "chat")
 
 _MODULE_CLASS = re.compile(r"^(?P<module>[^:]+):(?P<cls>[A-Za-z_][A-Za-z0-9_.]*)$")
 
@@ -44,7 +56,48 @@ class AgentSpec:
 
 
 def _error(spec: str, why: str) -> ConfigError:
-    return ConfigError(f"{spec!r}: {why} (use oracle, script:FILE or module:Class)", field="--agent", rule="GYM-4")
+    return ConfigError(f"{spec!r}: {why} (use oracle, script:FILE, module:Class or chat)", field="--agent",
+                       rule="GYM-4")
+
+
+def parse_agent_args(items: Sequence[str]) -> dict[str, Any]:
+    """``["KEY=VALUE", ...]`` as constructor arguments (values parsed as JSON when they parse, else strings).
+
+    Raises:
+        ConfigError: an item without ``=`` or with an empty or non-identifier key.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"{item!r}: expected KEY=VALUE with KEY a Python name", field="--agent-arg")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _chat(kwargs: Mapping[str, Any]) -> AgentSpec:
+    from harbor_gym.agents import ChatAgent
+
+    for required in ("model", "base_url"):
+        if not kwargs.get(required):
+            raise _error("chat", f"needs --{required.replace('_', '-')}")
+    if "api_key" in kwargs:
+        raise _error("chat", "the API key is read from the variable named by --api-key-env, never given as an "
+                             "argument")
+    try:
+        ChatAgent(**kwargs)  # fail now, once, with a one-line error
+    except (TypeError, ValueError) as exc:
+        raise _error("chat", str(exc)) from exc
+
+    def new() -> EpisodeAgent:
+        agent = ChatAgent(**kwargs)
+        return EpisodeAgent(announced=agent, action_for=lambda step: agent)
+
+    return AgentSpec(f"chat:{kwargs['model']}", new)
 
 
 def _oracle() -> EpisodeAgent:
@@ -119,27 +172,34 @@ def _import_class(spec: str, module_name: str, class_path: str) -> type:
     return obj
 
 
-def _module(spec: str, module_name: str, class_path: str) -> AgentSpec:
+def _module(spec: str, module_name: str, class_path: str, kwargs: Mapping[str, Any]) -> AgentSpec:
     cls = _import_class(spec, module_name, class_path)
     try:
-        cls()  # fail now, once, with a one-line error, rather than in every episode
+        cls(**kwargs)  # fail now, once, with a one-line error, rather than in every episode
     except Exception as exc:  # the user's constructor: report, never crash the CLI
         raise _error(spec, f"{class_path}() failed: {type(exc).__name__}: {exc}") from exc
 
     def new() -> EpisodeAgent:
-        agent = cls()
+        agent = cls(**kwargs)
         return EpisodeAgent(announced=agent, action_for=lambda step: agent)
 
     return AgentSpec(spec, new)
 
 
-def resolve_agent(spec: str) -> AgentSpec:
-    """Resolve an ``--agent`` spec (see the module docstring).
+def resolve_agent(spec: str, agent_args: Mapping[str, Any] | None = None) -> AgentSpec:
+    """Resolve an ``--agent`` spec (see the module docstring) with its constructor arguments ``agent_args`` (for
+    ``module:Class`` and ``chat``).
 
     Raises:
-        ConfigError: the spec is unknown or cannot be loaded; the one-line message names it (``field="--agent"``).
+        ConfigError: the spec is unknown or cannot be loaded, or arguments were given to an agent that takes none;
+            the one-line message names it (``field="--agent"``).
     """
     spec = spec.strip()
+    kwargs = dict(agent_args or {})
+    if spec == "chat":
+        return _chat(kwargs)
+    if kwargs and (spec == "oracle" or spec.startswith("script:")):
+        raise _error(spec, f"takes no --agent-arg (got {', '.join(sorted(kwargs))})")
     if spec == "oracle":
         return AgentSpec("oracle", _oracle)
     if spec.startswith("script:"):
@@ -149,5 +209,5 @@ def resolve_agent(spec: str) -> AgentSpec:
         return _script(spec, target)
     match = _MODULE_CLASS.match(spec)
     if match:
-        return _module(spec, match["module"], match["cls"])
+        return _module(spec, match["module"], match["cls"], kwargs)
     raise _error(spec, "unknown agent")

@@ -41,6 +41,7 @@ from harbor_gym.run.rows import (
 )
 from harbor_gym.run.summary import TaskSummary, summarize
 from harbor_gym.run.targets import Targets
+from harbor_gym.run.trajectories import TrajectoryWriter
 
 __all__ = ["RunOptions", "RunReport", "RunListener", "run_rollouts", "LOGS_DIR"]
 
@@ -63,6 +64,8 @@ class RunOptions:
         seed: base seed of `episode_seed`.
         config: the base `EnvConfig` (backend, labels, ...); ``logs_root`` is set per rollout.
         sandbox_factory: passed to every `HarborEnv` (``None``: the config's backend).
+        save_trajectories: also write each written episode's turn outcomes and model calls to
+            ``<out>/trajectories.jsonl`` (`harbor_gym.run.trajectories`, GYM-13).
     """
 
     agent: AgentSpec
@@ -73,6 +76,7 @@ class RunOptions:
     seed: int = 0
     config: EnvConfig = field(default_factory=EnvConfig)
     sandbox_factory: Callable | None = None
+    save_trajectories: bool = False
 
 
 @dataclass
@@ -125,6 +129,8 @@ class _Runner:
         self.opts = options
         self.listener = listener
         self.files = RolloutFiles(options.out)
+        self._trajectories = TrajectoryWriter(options.out) if options.save_trajectories else None
+        self._episode_records: dict[tuple[str, int], tuple[int, list]] = {}  # the last attempt's turn records
         self.stop = threading.Event()
         self._active: dict[int, Any] = {}
         self._lock = threading.Lock()
@@ -151,10 +157,18 @@ class _Runner:
                 _log.info("retrying %s rollout %d after attempt %d: %s", task.id, rollout, attempt, row.reason)
                 self.listener.episode_retry(task.id, rollout, attempt, row.reason)
                 continue
+            self._save_trajectory(task.id, rollout, seed)
             self.files.write(row)
             self.listener.episode_done(task.id, rollout, row)
             return row
         return None  # unreachable: the last attempt always returns above
+
+    def _save_trajectory(self, task_id: str, rollout: int, seed: int) -> None:
+        """GYM-13: the written attempt's turn outcomes and model calls, when ``save_trajectories``."""
+        attempt, records = self._episode_records.pop((task_id, rollout), (None, []))
+        if self._trajectories is not None and attempt is not None:
+            self._trajectories.write(records, task_id=task_id, rollout=rollout, seed=seed, attempt=attempt,
+                                     agent=self.opts.agent.label)
 
     def _attempt(self, task: Any, rollout: int, seed: int, attempt: int,
                  logs_root: Path) -> RolloutRow | FailureRow | None:
@@ -172,13 +186,14 @@ class _Runner:
             if self.stop.is_set():
                 return None
             try:
-                obs, _ = env.reset(seed=seed)
+                obs, _ = env.reset(seed=seed, options={"rollout": rollout})  # turn.seed, turn.rollout (GYM-13)
             except SeedRefusedError as exc:
                 return FailureRow(**key, reason=str(exc), failure_kind=SEED_REFUSED, retryable=False)
             except SeedError as exc:
                 return FailureRow(**key, reason=str(exc), failure_kind=SEED_FAILED, retryable=exc.retryable,
                                   duration_sec=round(time.monotonic() - t0, 3))
-            records = []
+            records: list = []
+            self._episode_records[(task.id, rollout)] = (attempt, records)
             while True:
                 if self.stop.is_set():
                     return None

@@ -20,6 +20,7 @@ def policy_server():
 def server(policy_server):
     """The session's server with its request log emptied for this test."""
     policy_server.requests.clear()
+    policy_server.auth.clear()
     return policy_server
 
 

@@ -54,6 +54,7 @@ class PolicyServer:
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.auth: list[str | None] = []  # the Authorization header of each request
         self.app = FastAPI()
         self.app.post("/v1/chat/completions")(self._chat)
         with socket.socket() as s:
@@ -81,6 +82,7 @@ class PolicyServer:
     async def _chat(self, request: Request) -> JSONResponse:
         body = await request.json()
         self.requests.append(body)
+        self.auth.append(request.headers.get("authorization"))
         model = body.get("model", "policy")
         if model == "policy-nologprobs":
             for option in ("logprobs", "return_token_ids", "return_tokens_as_token_ids"):
