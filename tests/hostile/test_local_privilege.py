@@ -315,7 +315,7 @@ def _host_addresses() -> list[str]:
 
 _CONNECT = ("import socket, sys\n"
             "try:\n"
-            "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2); print('CONNECTED')\n"
+            "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1); print('CONNECTED')\n"
             "except OSError as e:\n"
             "    print('REFUSED', e)\n")
 
@@ -432,3 +432,58 @@ def test_local_episode_gets_the_default_storage_and_memory_bounds(tmp_path):
         limit = sb.exec("cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max 2>/dev/null",
                         timeout=30).stdout.split()
         assert str(4096 << 20) in limit
+
+
+_LISTEN = ("import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+           "s.bind(('0.0.0.0', 7777)); s.listen(); open('/tmp/ready', 'w').close()\n"
+           "while True:\n    s.accept()[0].close()\n")
+
+
+def _listen(sb) -> None:
+    sb.exec(f"python3 -c {shlex.quote(_LISTEN)} >/dev/null 2>&1 &", timeout=10)
+    sb.exec("for i in $(seq 50); do [ -e /tmp/ready ] && break; sleep 0.1; done", timeout=10)
+    assert "CONNECTED" in _connect(sb, "127.0.0.1", 7777)  # the listener is up (so a refusal below means something)
+
+
+# SPEC: GYM-10
+@pytest.mark.docker
+def test_local_and_docker_public_sandboxes_cannot_reach_each_other(settings, docker_client):
+    # Sandboxes of both backends on one host: neither bridge forwards into the other, whatever order Docker keeps
+    # its own FORWARD rules in (the local guard sits in the mangle table).
+    if _net.filter_unavailable_reason():
+        pytest.skip(f"no host filter here: {_net.filter_unavailable_reason()}")
+    from harbor_gym import sandbox as sandbox_pkg
+
+    spec = SandboxSpec(image=BASE_IMAGE, network=True, name_hint="cross")
+    with LocalSandbox(spec, settings) as local, sandbox_pkg.open(spec, backend="docker", settings=settings) as dock:
+        nets = docker_client.api.inspect_container(dock.container_id)["NetworkSettings"]["Networks"]
+        dock_ip = next(n["IPAddress"] for n in nets.values() if n.get("IPAddress"))
+        _listen(local)
+        _listen(dock)
+        assert "CONNECTED" not in _connect(dock, local._address, 7777)
+        assert "CONNECTED" not in _connect(local, dock_ip, 7777)
+
+
+# SPEC: GYM-10
+def test_a_filter_table_accept_above_ours_opens_nothing(settings):
+    # Docker (or another firewall) may put ACCEPT rules above ours in the filter table at any time; the guard in
+    # the mangle table still keeps the host and the siblings out of reach.
+    if _net.filter_unavailable_reason():
+        pytest.skip(f"no host filter here: {_net.filter_unavailable_reason()}")
+    spec = SandboxSpec(image=BASE_IMAGE, network=True)
+    rules = [["FORWARD", "-i", _net.BRIDGE, "-j", "ACCEPT"], ["INPUT", "-i", _net.BRIDGE, "-j", "ACCEPT"]]
+    srv = _host_server("0.0.0.0")
+    with LocalSandbox(spec, settings) as a, LocalSandbox(spec, settings) as b:
+        for rule in rules:
+            subprocess.run(["iptables", "-w", "-I", rule[0], "1", *rule[1:]], check=True)
+        try:
+            _listen(b)
+            out = sb_out = _connect(a, b._address, 7777)
+            assert "CONNECTED" not in out, sb_out
+            for host in [str(_net._gateway())] + [h for h in _host_addresses() if not h.startswith("127.")]:
+                assert "CONNECTED" not in _connect(a, host, srv.getsockname()[1]), host
+            assert not _accepted(srv)
+        finally:
+            for rule in rules:
+                subprocess.run(["iptables", "-w", "-D", rule[0], *rule[1:]], check=False)
+            srv.close()

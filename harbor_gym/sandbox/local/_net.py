@@ -10,9 +10,11 @@ network off it holds only ``lo``. With the network on, `attach` adds:
   bridge's address. IPv6 is off on both ends and on the bridge (no link-local path to the host);
 - host firewall rules, installed idempotently: everything entering the host from the bridge is dropped (``INPUT -i
   hg-local0 -j DROP``, IPv4 and IPv6: not the bridge's address, not 127.0.0.1, not any host IP, not Docker's
-  gateways); forwarded traffic from the bridge is accepted only towards the interfaces that carry a default route
-  (masqueraded there) and dropped towards anything else (the bridge itself, Docker's bridges, other interfaces);
-  traffic back to the bridge only as replies (conntrack).
+  gateways); forwarded traffic from the bridge passes only towards the interfaces that carry a default route
+  (masqueraded there) and is dropped towards anything else (the bridge itself, Docker's bridges and published
+  ports, other interfaces); traffic towards the bridge only as replies (conntrack). The drops sit in the mangle
+  table (which Docker never reorders; it runs before the filter table) and again in the filter table, whose
+  ``HG-LOCAL-OUT``/``HG-LOCAL-BACK`` chains also hold the ACCEPTs egress needs under a FORWARD policy of DROP.
 
 Every host command here runs host binaries (``ip``, ``bridge``, ``iptables``) in the host's mount namespace; the
 ones that configure ``eth0`` join only the sandbox's network namespace (``nsenter --net``), never its mount
@@ -118,12 +120,12 @@ def _ensure_rule(tool: str, table: str, chain: str, rule: list[str]) -> None:
         _run([tool, "-w", "-t", table, "-I", chain, "1", *rule])
 
 
-def _fill_chain(tool: str, chain: str, rules: list[list[str]]) -> None:
-    if _run([tool, "-w", "-t", "filter", "-n", "-L", chain], check=False).returncode != 0:
-        _run([tool, "-w", "-t", "filter", "-N", chain])
-    _run([tool, "-w", "-t", "filter", "-F", chain])
+def _fill_chain(tool: str, table: str, chain: str, rules: list[list[str]]) -> None:
+    if _run([tool, "-w", "-t", table, "-n", "-L", chain], check=False).returncode != 0:
+        _run([tool, "-w", "-t", table, "-N", chain])
+    _run([tool, "-w", "-t", table, "-F", chain])
     for rule in rules:
-        _run([tool, "-w", "-t", "filter", "-A", chain, *rule])
+        _run([tool, "-w", "-t", table, "-A", chain, *rule])
 
 
 def ensure_bridge() -> None:
@@ -148,19 +150,30 @@ def ensure_bridge() -> None:
         _run([ip, "addr", "replace", gw, "dev", BRIDGE])
         _run([ip, "link", "set", BRIDGE, "up"])
         uplinks = _uplinks()
-        out_rules = [["-o", dev, "-j", "ACCEPT"] for dev in uplinks] + [["-j", "DROP"]]
-        back_rules = [["-i", dev, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"]
-                      for dev in uplinks] + [["-j", "DROP"]]
-        _fill_chain(iptables, _CHAIN_OUT, out_rules)
-        _fill_chain(iptables, _CHAIN_BACK, back_rules)
+        # The guard, in the mangle table: it sees every packet before the filter table, where Docker (re)orders
+        # FORWARD at will (its ACCEPTs for its own bridges and published ports could otherwise come first). Only
+        # egress to an uplink and replies from one pass it; everything else from or to the bridge is dropped.
+        _fill_chain(iptables, "mangle", _CHAIN_OUT, [["-o", dev, "-j", "RETURN"] for dev in uplinks] + [["-j", "DROP"]])
+        _fill_chain(iptables, "mangle", _CHAIN_BACK, [
+            ["-i", dev, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"] for dev in uplinks
+        ] + [["-j", "DROP"]])
+        _ensure_rule(iptables, "mangle", "FORWARD", ["-o", BRIDGE, "-j", _CHAIN_BACK])
+        _ensure_rule(iptables, "mangle", "FORWARD", ["-i", BRIDGE, "-j", _CHAIN_OUT])
+        _ensure_rule(iptables, "mangle", "INPUT", ["-i", BRIDGE, "-j", "DROP"])
+        # The filter table: the same drop for the host, and the ACCEPTs egress needs where FORWARD's policy is DROP.
+        _fill_chain(iptables, "filter", _CHAIN_OUT, [["-o", dev, "-j", "ACCEPT"] for dev in uplinks] + [["-j", "DROP"]])
+        _fill_chain(iptables, "filter", _CHAIN_BACK, [
+            ["-i", dev, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"] for dev in uplinks
+        ] + [["-j", "DROP"]])
         _ensure_rule(iptables, "filter", "FORWARD", ["-o", BRIDGE, "-j", _CHAIN_BACK])
         _ensure_rule(iptables, "filter", "FORWARD", ["-i", BRIDGE, "-j", _CHAIN_OUT])
         _ensure_rule(iptables, "filter", "INPUT", ["-i", BRIDGE, "-j", "DROP"])
         for dev in uplinks:
             _ensure_rule(iptables, "nat", "POSTROUTING", ["-s", str(subnet()), "-o", dev, "-j", "MASQUERADE"])
-        for chain in ("INPUT", "FORWARD"):
-            _ensure_rule(ip6tables, "filter", chain, ["-i", BRIDGE, "-j", "DROP"])
-        _ensure_rule(ip6tables, "filter", "FORWARD", ["-o", BRIDGE, "-j", "DROP"])
+        for table in ("mangle", "filter"):
+            for chain in ("INPUT", "FORWARD"):
+                _ensure_rule(ip6tables, table, chain, ["-i", BRIDGE, "-j", "DROP"])
+            _ensure_rule(ip6tables, table, "FORWARD", ["-o", BRIDGE, "-j", "DROP"])
     _ensured = True
 
 
