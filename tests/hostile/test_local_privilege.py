@@ -487,3 +487,28 @@ def test_a_filter_table_accept_above_ours_opens_nothing(settings):
             for rule in rules:
                 subprocess.run(["iptables", "-w", "-D", rule[0], *rule[1:]], check=False)
             srv.close()
+
+
+# SPEC: GYM-10
+@pytest.mark.parametrize("mode", ["shared", "separate"])
+@pytest.mark.parametrize("freeze", [True, False], ids=["freeze", "nofreeze"])
+def test_local_episode_root_agent_preload_gains_nothing_on_the_host(tmp_path, payloads, host_secret, mode, freeze):
+    # A whole episode on the local backend: the root agent installs /etc/ld.so.preload; every later command of the
+    # harness in its sandbox (collect hook, clean-up, the shared verifier) loads the payload, yet each run of it
+    # holds at most the sandbox's capabilities and the host file stays unread and unwritten.
+    files = {
+        "task.toml": toml(["s1", "s2"], tail=f'[verifier]\nenvironment_mode = "{mode}"\n'
+                          '[[verifier.collect]]\ncommand = "cp /hg-evidence /logs/artifacts/evidence || true"\n'),
+        "environment/preload.so": payloads["preload"].read_bytes(),
+        "tests/test.sh": "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+    }
+    task = write_task(tmp_path / "tasks", files, name=f"preload-{mode}")
+    attack = "cp /app/preload.so /hg-preload.so && echo /hg-preload.so > /etc/ld.so.preload && ls >/dev/null"
+    results, final = run_episode(task, [attack, ":"], config(LOCAL, freeze_agent_during_verify=freeze,
+                                                              logs_root=str(tmp_path / "logs")))
+    assert final.graded and final.reward == 1.0, [r.record for r in results]
+    evidence = sorted((tmp_path / "logs").rglob("evidence"))
+    assert evidence, "the collect hook found no evidence: the payload never ran"
+    lines = [line for path in evidence for line in path.read_text(errors="replace").splitlines()]
+    assert any(line.startswith("run uid=0 ") for line in lines), lines
+    _assert_nothing_privileged(lines, host_secret)
