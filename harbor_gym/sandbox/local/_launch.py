@@ -12,12 +12,13 @@ part of it:
    process runs as host root inside the sandbox's mount namespace, so it touches no path at all: every module and
    every libc symbol it uses was loaded before step 3, it imports nothing and prints no traceback (which would
    read source files) — errors go out as a fixed message with ``os.write`` and ``os._exit``;
-4. fork (joining the PID namespace takes effect for children only); the child, still touching no path, drops the
-   capability bounding set to the sandbox's set (Docker's default set minus ``mknod``), clears the ambient and
-   inheritable sets, sets the supplementary groups, gid and uid, restores the default signal dispositions, and
-   only then ``execve``s the command (searching ``PATH`` like ``execvp``). So the kernel opens the sandbox's
-   binary, its ``ld.so``, its libc and its ``/etc/ld.so.preload`` with the command's own credentials: root inside
-   the sandbox is bounded like Docker's root, any other user has no capability at all;
+4. fork (joining the PID namespace takes effect for children only; both processes are non-dumpable, so no process
+   of the sandbox can ptrace the child or open its ``/proc`` files before its ``execve``); the child, still touching
+   no path, drops the capability bounding set to the sandbox's set (Docker's default set minus ``mknod``), clears
+   the ambient and inheritable sets, sets the supplementary groups, gid and uid, restores the default signal
+   dispositions, and only then ``execve``s the command (searching ``PATH`` like ``execvp``). So the kernel opens the
+   sandbox's binary, its ``ld.so``, its libc and its ``/etc/ld.so.preload`` with the command's own credentials:
+   root inside the sandbox is bounded like Docker's root, any other user has no capability at all;
 5. the parent waits and exits with the child's status (``128 + signal`` when killed by a signal).
 
 Why this and not the other ways (brief of issue 12, item 2). (a) An exec server inside the sandbox would be a
@@ -41,6 +42,7 @@ _setns = _libc.setns
 _prctl = _libc.prctl
 _capset = _libc.capset
 _capget = _libc.capget
+_PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -124,6 +126,11 @@ def main():
             fh.write(str(os.getpid()))
     ns_fds = [(os.open("/proc/%d/ns/%s" % (pid, name), os.O_RDONLY), flag) for name, flag in _NAMESPACES]
     root_fd = os.open("/proc/%d/root" % pid, os.O_RDONLY | os.O_DIRECTORY)
+    # Not dumpable until the command's own execve resets it: no process of the sandbox (root there has no
+    # CAP_SYS_PTRACE) can ptrace this one or open its /proc files (exe: the host's python; fds) in the moments
+    # between fork and execve.
+    if _prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        _die(125, b"prctl(PR_SET_DUMPABLE)", _errno())
     uid, gid, groups, keep = req["uid"], req["gid"], list(req["groups"]), req["caps"]
     argv = [a.encode() if isinstance(a, str) else a for a in req["argv"]]
     env = {k.encode(): v.encode() for k, v in req["env"].items()}
