@@ -301,7 +301,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     agent = resolve_agent(args.agent, _agent_args(args))
     config = EnvConfig(backend=_engine_backend(args.backend, "run"), labels=_parse_labels(args.label),
-                       semantics=args.semantics)
+                       semantics=args.semantics, retry_agent_outages=args.retry_agent_outages)
     try:
         targets = load_targets(args.path, config)
     except (TaskLoadError, DatasetError) as exc:  # the one task, the dataset's settings, its registry: nothing runs
@@ -374,6 +374,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--concurrency", "-c", type=int, default=1, metavar="C", help="episodes at a time")
     run.add_argument("--retries", type=int, default=2, metavar="R",
                      help="retries of a retryable failure (outage, deadline) per episode (default 2)")
+    run.add_argument("--retry-agent-outages", action="store_true",
+                     help="also retry outages the agent caused (its sandbox died, ran out of memory, pids or storage, "
+                          "or it killed the harness's processes; GYM-12); default: a failed rollout, not retried")
     run.add_argument("--out", default="harbor-gym-results", metavar="DIR",
                      help="results folder (default ./harbor-gym-results)")
     run.add_argument("--seed", type=int, default=0, metavar="S", help="base seed of the per-episode seeds")

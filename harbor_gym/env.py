@@ -163,6 +163,7 @@ class HarborEnv(gym.Env[dict, Any]):
         measured-0, masked and ungraded turns), ``info["turn"]`` the TurnRecord, and on the ending call
         ``info["episode_result"]``. An outage or a passed deadline is ``truncated=True`` (GYM-7, STOP-8, BUD-8),
         with ``info["cause"]`` the record's ``failure_message`` (one line naming the task, the step and the cause).
+        ``info["agent_caused"]`` (bool) and ``info["outage_cause"]`` say whether the agent caused it (GYM-12).
 
         Raises:
             ResetNeededError: no episode is running (before ``reset`` or after its end; GYM-7).
@@ -179,6 +180,10 @@ class HarborEnv(gym.Env[dict, Any]):
         record = result.record
         self._last_record = record
         info: dict[str, Any] = {"turn": record}
+        # GYM-12: an outage the agent caused (its sandbox died, ran out of memory, pids or storage, or it killed
+        # the harness's processes) is flagged, with what happened; the turn's reward is then 0.0
+        info["agent_caused"] = bool(getattr(record, "agent_caused", False))
+        info["outage_cause"] = getattr(record, "outage_cause", None)
         terminated, truncated = bool(result.terminated), bool(result.truncated)
         if truncated:  # STOP-8, BUD-8: the cause in one line (task, step, what happened)
             info["cause"] = record.failure_message

@@ -13,6 +13,7 @@ from typing import Any
 from harbor_gym.agents import AgentOutcome, AgentStatus, Oracle, ScriptAgent, Turn, agent_timeout_cap
 from harbor_gym.agents._oracle import ORACLE_LOG, ORACLE_RUN
 from harbor_gym.episode._budgets import agent_budget
+from harbor_gym.episode._outage import WatchedExec
 from harbor_gym.episode._shell import parse, q
 from harbor_gym.episode._turnstate import WORKDIR_FAILED, _Turn, workdir_cause
 from harbor_gym.errors import SandboxError
@@ -34,14 +35,14 @@ class _ActivatePhase:
         sb, step = self._sandbox, t.step
         budget = agent_budget(step.agent_timeout_sec, None, self._multiplier, agent_timeout_cap(t.agent))
         bounded = self._clock.bound(budget)
+        watched = WatchedExec(sb.exec)  # GYM-12: did a command of the activation lose the harness's wrapper?
+        self._activated = True  # GYM-12: from here on, a sandbox the agent breaks is an agent-caused outage
         turn = Turn(step_name=step.name, index=t.index, num_steps=len(self.task.steps), instruction=t.instruction,
-                    user=self._user_in_place, budget_sec=budget, workdir=sb.workdir, _exec_fn=sb.exec,
+                    user=self._user_in_place, budget_sec=budget, workdir=sb.workdir, _exec_fn=watched,
                     _deadline=None if bounded is None else time.monotonic() + bounded,
                     solution_env=self._solution_env if isinstance(t.agent, Oracle) else {},
                     session=self._sessions.session_for_activation(t.agent),
                     seed=self.seed, rollout=self.rollout)
-        if self._agent_procs is not None:  # freeze_agent_during_verify: what is alive before the activation
-            self._agent_procs.before_activation(self._list_processes(sb))
         if t.prelude is not None:
             outcome = self._run_folded_oracle(t, turn)
             if outcome is None:
@@ -50,10 +51,9 @@ class _ActivatePhase:
             outcome = self._call_agent(t.agent, turn)
         else:
             outcome = self._call_in_thread(t.agent, turn, bounded)
+        t.harness_killed = watched.wrapper_lost
         if turn.model_calls:  # GYM-13: calls recorded on the turn come first, then the outcome's own
             outcome = dataclasses.replace(outcome, model_calls=turn.model_calls + outcome.model_calls)
-        if self._agent_procs is not None:  # ... and what the activation left behind
-            self._agent_procs.after_activation(self._list_processes(sb))
         self._response = outcome.response  # STOP-9: the last turn whose agent ran (SES-3: the last activation)
         # SES-2/3: the session records the activation and, after its last one, closes before the verifier.
         self._sessions.after_activation(turn, outcome, is_last_step=t.index == len(self.task.steps) - 1)

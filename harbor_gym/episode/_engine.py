@@ -23,9 +23,10 @@ from harbor_gym.config import AgentOutcomePolicy, EnvConfig, Semantics
 from harbor_gym.episode._activate import _ActivatePhase
 from harbor_gym.episode._clock import DeadlineClock, DeadlinePassed
 from harbor_gym.episode._collect import _CollectPhase
-from harbor_gym.episode._freeze import LIST_SCRIPT, AgentProcesses
+from harbor_gym.episode._freeze import freeze_mode
 from harbor_gym.episode._logs import EpisodeLogs
 from harbor_gym.episode._modes import effective_verifier_mode, render_instruction
+from harbor_gym.episode._outage import HARNESS_KILLED, STORAGE_EXCEEDED_KIND, agent_outage_cause
 from harbor_gym.episode._prepare import _PreparePhase
 from harbor_gym.episode._records import EpisodeResult, TurnRecord, TurnResult, outcome_fields
 from harbor_gym.episode._rewards import turn_reward
@@ -135,9 +136,11 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         self._timings: dict[str, float] = {}
         self._agent_spec: SandboxSpec | None = None
         self._group: Any = None
-        #: freeze_agent_during_verify: the agent's leftover processes (None when the option is off).
-        self._agent_procs = AgentProcesses() if self.config.freeze_agent_during_verify else None
+        #: GYM-11: "auto", "strict" or None (no freeze); a freeze whose thaw is still owed.
+        self._freeze = freeze_mode(self.config.freeze_agent_during_verify)
         self._frozen_pending = False
+        #: GYM-12: an activation has started in this episode (outages from then on may be the agent's).
+        self._activated = False
 
     # --- public state ------------------------------------------------------------------------------------
     @property
@@ -280,10 +283,6 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             self._state = EpisodeState.CLOSED
 
     # --- helpers -----------------------------------------------------------------------------------------
-    def _list_processes(self, sb: Sandbox) -> str:
-        """freeze_agent_during_verify: one root exec listing the sandbox's processes (`_freeze.LIST_SCRIPT`)."""
-        return self._exec(sb, LIST_SCRIPT, timeout=_HOUSEKEEPING_S, user="root").stdout
-
     def _exec(self, sb: Sandbox, command: Any, *, timeout: float | None, user: str | None,
               env: dict[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None) -> ExecResult:
         """``sb.exec`` bounded by the deadline; a command cut by the deadline raises `DeadlinePassed` (BUD-8)."""
@@ -310,9 +309,14 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         except SandboxError as exc:
             _log.warning("sandbox outage in turn %s of %s: %s", step.name, self.task.id, exc)
             fault, t.cause = TurnFault.OUTAGE, self._outage_cause(exc)
+            if self._activated and not t.agent_caused:  # GYM-12: did the agent break its sandbox?
+                t.outage_cause = agent_outage_cause(self._sandbox)
+                t.agent_caused = t.outage_cause is not None
+            if t.agent_caused:
+                t.cause = f"agent-caused outage ({t.outage_cause}): {t.cause}"
         except Exception as exc:  # the turn boundary: a defect becomes the record's failure kind, never an escape
             _log.error("engine error in turn %s of %s:\n%s", step.name, self.task.id, traceback.format_exc())
-            fault, t.engine_error = TurnFault.OUTAGE, True
+            fault, t.engine_error = TurnFault.ENGINE_ERROR, True
             t.cause = f"engine error: {type(exc).__name__}: {one_line(exc)}"
         t.timings["turn"] = time.monotonic() - t_turn
         if fault is TurnFault.NONE and self._clock.remaining() is not None and self._clock.remaining() <= 0:
@@ -348,6 +352,10 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             t.outcome = self._activate(t)
         if t.outcome is None:  # the preparation folded into the oracle's exec failed (TURN-8)
             return TurnFault.PREP_FAILED
+        if t.harness_killed:  # GYM-12: kill -9 -1 (or the like) by the agent, whether or not the sandbox lives
+            t.agent_caused, t.outage_cause = True, HARNESS_KILLED
+            raise SandboxError("the activation killed the harness's exec wrapper (kill -9 -1?)", field=t.step.name,
+                               rule="GYM-12", retryable=True)
         policy = None if self._harbor else t.outcome.effective_policy(self.config.agent_outcome_policy)
         if policy in (AgentOutcomePolicy.RETRY, AgentOutcomePolicy.FAIL):
             t.cause = (f"the agent ended with status error (exit code {t.outcome.exit_code}); "
@@ -403,6 +411,10 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             failure_kind = t.outcome.failure_kind  # the agent's own kind (GYM-13: harbor_gym:model_unreachable)
         if t.engine_error:
             failure_kind = ENGINE_ERROR_KIND
+        if failure_kind == STORAGE_EXCEEDED_KIND and not t.agent_caused:  # GYM-10/12: always the agent's doing
+            t.agent_caused, t.outage_cause = True, "storage_exceeded"
+        if t.agent_caused:  # GYM-12/13: the agent did it; the trainer sees a 0.0 it can train on
+            reward, rewards = 0.0, {}
         message = None
         if failure_kind is not None or t.masked:
             message = f"{self.task.id}: step {t.step.name}: {t.cause or failure_kind or t.mask_reason}"
@@ -414,7 +426,8 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             exit_code=t.outcome.exit_code if t.outcome else None,
             output_tail=t.outcome.output_tail if t.outcome else None, manifest=t.manifest,
             log_dir=self._logs.public(t.dirs.turn), timings=dict(t.timings), mask_reason=t.mask_reason,
-            failure_message=message, **outcome_fields(t.outcome))
+            failure_message=message, **outcome_fields(t.outcome), freeze_exempt=tuple(t.freeze_exempt),
+            agent_caused=t.agent_caused, outage_cause=t.outage_cause)
         self._records.append(record)
         for k, v in t.timings.items():
             self._timings[k] = self._timings.get(k, 0.0) + v
@@ -425,7 +438,8 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             if t.engine_error:
                 ungraded_kind = ENGINE_ERROR_KIND
             self._result = self._build_result(graded=verdict.graded, failure_kind=ungraded_kind,
-                                              retryable=verdict.retryable, failure_message=message)
+                                              retryable=verdict.retryable, failure_message=message,
+                                              agent_caused=t.agent_caused, outage_cause=t.outage_cause)
             episode = self._result
             self._state = EpisodeState.OVER
             self._sessions.close()  # SES-3: an early stop also ends the continued session, before its sandbox
@@ -436,7 +450,8 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
                           episode=episode)
 
     def _build_result(self, *, graded: bool, failure_kind: str | None, retryable: bool,
-                      final: bool = True, failure_message: str | None = None) -> EpisodeResult:
+                      final: bool = True, failure_message: str | None = None, agent_caused: bool = False,
+                      outage_cause: str | None = None) -> EpisodeResult:
         """RWD-7..10, STOP-9: the episode result from the turns so far (``final=False``: provisional)."""
         strategy = getattr(self.task.config.multi_step_reward_strategy, "value",
                            self.task.config.multi_step_reward_strategy) or "mean"
@@ -457,6 +472,8 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             retryable=retryable,
             response=self._response,
             failure_message=failure_message,
+            agent_caused=agent_caused,
+            outage_cause=outage_cause,
             log_dir=self.log_dir,
             timings=dict(self._timings),
         )

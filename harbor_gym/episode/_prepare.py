@@ -6,6 +6,7 @@ import logging
 
 from harbor_gym.agents import Oracle
 from harbor_gym.episode._budgets import setup_bound
+from harbor_gym.episode._freeze import thaw_fragment
 from harbor_gym.episode._healthcheck import poll_healthcheck
 from harbor_gym.episode._shell import Script, parse, q
 from harbor_gym.episode._staging import STAGE_DIR, ArchiveBuilder
@@ -64,6 +65,9 @@ class _PreparePhase:
         user = self._agent_user(step)
         is_oracle = isinstance(t.agent, Oracle)
         script, builder = Script(), ArchiveBuilder()
+        if self._frozen_pending:  # GYM-11: resume what the last verifier's freeze stopped, before anything runs
+            thaw_fragment(script)
+            self._frozen_pending = False
         if self._cleanup_pending:
             self._cleanup_fragment(script)
         if self._harbor and t.index > 0 and not self._sessions.continued:

@@ -11,7 +11,9 @@ from typing import Any
 from harbor_gym.agents._model_calls import ModelCall
 from harbor_gym.agents._outcome import AgentOutcome
 
-__all__ = ["TurnRecord", "EpisodeResult", "TurnResult", "ManifestEntry", "turn_trainable", "outcome_fields"]
+__all__ = [
+    "TurnRecord", "EpisodeResult", "TurnResult", "ManifestEntry", "ExemptProcess", "turn_trainable", "outcome_fields",
+]
 
 
 def _jsonable(value: Any) -> Any:
@@ -51,6 +53,21 @@ class ManifestEntry:
 
 
 @dataclass(frozen=True)
+class ExemptProcess:
+    """A process the freeze left running during a shared-mode verifier because it held a listening socket (GYM-11,
+    ``freeze_agent_during_verify="auto"``): its pid in the sandbox and its executable's path (``/proc/<pid>/exe``;
+    non-printable bytes shown as ``?``; ``?`` when unreadable)."""
+
+    pid: int
+    exe: str
+
+    @classmethod
+    def coerce(cls, value: Any) -> "ExemptProcess":
+        """An `ExemptProcess` from itself or its ``to_dict`` form."""
+        return value if isinstance(value, cls) else cls(pid=int(value["pid"]), exe=str(value["exe"]))
+
+
+@dataclass(frozen=True)
 class TurnRecord:
     """What one turn did (GYM-8).
 
@@ -78,6 +95,15 @@ class TurnRecord:
         model_calls: this activation's model calls (`harbor_gym.agents.ModelCall`), in order (GYM-13).
         trainable: `turn_trainable` (GYM-13): false for masked, ungraded and infrastructure-outage turns, true for
             measured and agent-caused ones.
+        agent_caused: GYM-12: the turn ended in an outage the agent caused (while the engine answered, the sandbox
+            died, ran out of memory or pids, exceeded its storage or could no longer run commands, at any point from
+            the episode's first activation; or the activation killed the harness's own processes, ``kill -9 -1``).
+            Its ``reward`` is 0.0. An unreachable or restarted engine is never agent-caused.
+        outage_cause: GYM-12: what the agent did, when ``agent_caused``: ``died`` (with the exit status when the
+            engine knows it), ``oom_killed``, ``storage_exceeded``, ``cannot_run_commands``, ``harness_killed``;
+            ``None`` otherwise.
+        freeze_exempt: GYM-11: the processes left running while a shared-mode verifier ran because they held a
+            listening socket (``freeze_agent_during_verify="auto"``); ``()`` when none or no freeze.
     """
 
     task_id: str
@@ -102,8 +128,12 @@ class TurnRecord:
     outcome: AgentOutcome | None = None
     model_calls: tuple[ModelCall, ...] = ()
     trainable: bool | None = None
+    agent_caused: bool = False
+    outage_cause: str | None = None
+    freeze_exempt: tuple[ExemptProcess, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "freeze_exempt", tuple(ExemptProcess.coerce(e) for e in self.freeze_exempt))
         # GYM-13: records rebuilt from to_dict() (Ray callers, rollout files) get their frozen parts back.
         object.__setattr__(self, "outcome", AgentOutcome.coerce(self.outcome))
         object.__setattr__(self, "model_calls", tuple(ModelCall.coerce(c) for c in self.model_calls))
@@ -150,6 +180,7 @@ class EpisodeResult:
         timings: phase name -> seconds, summed over the episode (``seed`` included).
         failure_message: the ending turn's ``failure_message`` (task, step and cause) when the episode ended on a
             failed or masked turn; ``None`` otherwise and in a provisional result.
+        agent_caused, outage_cause: the ending turn's (GYM-12): the episode ended in an outage the agent caused.
     """
 
     task_id: str
@@ -167,6 +198,8 @@ class EpisodeResult:
     log_dir: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     failure_message: str | None = None
+    agent_caused: bool = False
+    outage_cause: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field (turns as dicts)."""

@@ -18,6 +18,7 @@ __all__ = [
     "AGENT_FAILED_KIND",
     "DEADLINE_KIND",
     "DEADLINE_NOT_ENFORCED_KIND",
+    "ENGINE_ERROR_KIND",
 ]
 
 OUTAGE_KIND = "harbor_gym:sandbox_outage"
@@ -27,6 +28,8 @@ AGENT_RETRY_KIND = "harbor_gym:agent_retry"
 AGENT_FAILED_KIND = "harbor_gym:agent_failed"
 DEADLINE_KIND = "harbor:task_deadline"
 DEADLINE_NOT_ENFORCED_KIND = "Episode timed out"
+#: A defect inside harbor_gym at a turn boundary: ungraded, never retryable (a bug does not go away by repeating).
+ENGINE_ERROR_KIND = "harbor_gym:engine_error"
 
 
 def min_reward_missed(rewards: Mapping[str, float] | None, min_reward: float | Mapping[str, float] | None) -> bool:
@@ -42,6 +45,7 @@ def min_reward_missed(rewards: Mapping[str, float] | None, min_reward: float | M
 class TurnFault(str, enum.Enum):
     """The worst thing that happened in a turn, in STOP-7 precedence order (first = strongest)."""
 
+    ENGINE_ERROR = "engine_error"
     OUTAGE = "outage"
     STORAGE = "storage"
     DEADLINE = "deadline"
@@ -88,6 +92,8 @@ def decide_turn(
     ``min_reward`` on the last step changes nothing (STOP-4): the caller passes ``MIN_REWARD`` and it ends there
     anyway. A step-1 preparation failure is terminal and ungraded (STOP-5); under Harbor it is retryable (DIFF-4).
     """
+    if fault is TurnFault.ENGINE_ERROR:
+        return TurnVerdict(True, False, True, graded=False, retryable=False, failure_kind=ENGINE_ERROR_KIND)
     if fault is TurnFault.OUTAGE:
         return TurnVerdict(True, False, True, graded=False, retryable=True, failure_kind=OUTAGE_KIND)
     if fault is TurnFault.STORAGE:  # GYM-10: ends the turn like an outage, under its own (agent-caused) kind

@@ -15,6 +15,7 @@ from harbor_gym.episode._logs import TurnDirs
 from harbor_gym.episode._records import ManifestEntry
 from harbor_gym.episode._rewards import RewardReading
 from harbor_gym.episode._shell import Script
+from harbor_gym.episode._stop import ENGINE_ERROR_KIND
 from harbor_gym.task import Step
 
 __all__ = ["SETUP_FAILED", "WORKDIR_FAILED", "HEALTHCHECK_FAILED", "ENGINE_ERROR_KIND", "one_line", "workdir_cause"]
@@ -22,8 +23,6 @@ __all__ = ["SETUP_FAILED", "WORKDIR_FAILED", "HEALTHCHECK_FAILED", "ENGINE_ERROR
 SETUP_FAILED = "harbor:step_setup_failed"
 WORKDIR_FAILED = "harbor:step_workdir_failed"
 HEALTHCHECK_FAILED = "harbor:step_healthcheck_failed"
-#: A defect inside the engine itself during a turn (recorded like an outage: truncated, retryable).
-ENGINE_ERROR_KIND = "harbor_gym:engine_error"
 
 #: Bound of the engine's own housekeeping execs (clean-up, staging); the deadline may cut it shorter.
 _HOUSEKEEPING_S = 120.0
@@ -77,6 +76,13 @@ class _Turn:
     prelude: Script | None = None
     prelude_stdin: bytes | None = None
     art_snapshot: bool = False
+    #: GYM-11: the processes a shared-mode freeze exempted (services).
+    freeze_exempt: tuple = ()
+    #: GYM-12: the turn's outage was caused by the agent, and how.
+    agent_caused: bool = False
+    outage_cause: str | None = None
+    #: GYM-12: a command of the activation lost the harness's exec wrapper (``kill -9 -1``).
+    harness_killed: bool = False
 
 
 class _timed:

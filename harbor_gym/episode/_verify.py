@@ -12,7 +12,7 @@ from typing import Any
 
 from harbor_gym.agents import agent_identity, build_trajectory
 from harbor_gym.episode._budgets import verifier_budget
-from harbor_gym.episode._freeze import AgentProcesses
+from harbor_gym.episode._freeze import freeze_fragment, parse_exempt
 from harbor_gym.episode._modes import verifier_command
 from harbor_gym.episode._rewards import read_reward_files
 from harbor_gym.episode._shell import Script, parse, q
@@ -74,24 +74,10 @@ class _VerifyPhase:
                 self._others.remove(vsb)
                 vsb.stop()
         else:
-            try:
-                self._run_verifier(t, self._sandbox, builder, True, budget, env, shared=True)
-            finally:
-                self._thaw_agent(self._sandbox)
+            # GYM-11: what the freeze stopped stays stopped until the verifier's files are copied out; it is
+            # resumed by the next turn's preparation exec (`_prepare`), an episode that ends stops its sandbox.
+            self._run_verifier(t, self._sandbox, builder, True, budget, env, shared=True)
         t.verified = True
-
-    def _thaw_agent(self, sb: Sandbox | None) -> None:
-        """freeze_agent_during_verify: resume the agent's processes if the verify exec could not (non-root
-        verifier user, host-side timeout, masked turn). Best effort: a dead sandbox has nothing to resume."""
-        if not self._frozen_pending or sb is None:
-            return
-        self._frozen_pending = False
-        script = Script()
-        AgentProcesses.thaw_fragment(script)
-        try:
-            sb.exec(script.text(), timeout=_HOUSEKEEPING_S, user="root")
-        except SandboxError as exc:
-            _log.warning("could not resume the agent's processes after the verifier: %s", exc)
 
     def _run_verifier(self, t: _Turn, sb: Sandbox, builder: ArchiveBuilder, upload_tests: bool, budget: float,
                       env: dict[str, str], *, shared: bool) -> None:
@@ -106,9 +92,9 @@ class _VerifyPhase:
         as_root = _is_root(user)
         is_last = t.index == len(self.task.steps) - 1
         prep = Script()
-        if shared and self._agent_procs is not None:
-            # freeze_agent_during_verify: stopped before /logs/verifier is emptied, resumed after the read-back
-            self._agent_procs.freeze_fragment(prep)
+        if shared and self._freeze is not None:
+            # GYM-11: every other process stopped before /logs/verifier is emptied, resumed after the read-back
+            freeze_fragment(prep, self._freeze)
             self._frozen_pending = True
         tools = " ".join(_VERIFIER_TOOLS)
         prep.add(f"for t in {tools}; do command -v $t >/dev/null 2>&1 || {prep.flag('missing', '$t')}; done")
@@ -136,8 +122,6 @@ class _VerifyPhase:
                     "find /tests /logs/verifier -mindepth 1 -maxdepth 1 -exec rm -rf {} + ; "
                     "chmod 0777 /logs/verifier; rm -f /logs/agent/trajectory.json; "
                     f"{run.note('cleaned')}; fi")
-        if as_root and self._frozen_pending:
-            AgentProcesses.thaw_fragment(run)
         host_wait = budget + (5.0 if self._harbor else self.config.verifier_grace_s)
         pflags = None
         if not as_root:
@@ -151,8 +135,6 @@ class _VerifyPhase:
         res = self._exec(sb, run.text(), timeout=host_wait, user="root" if as_root else user, env=env,
                          stdin=stdin if as_root else None)
         flags = parse(res.stdout, run.marker)
-        if flags.has("thawed"):
-            self._frozen_pending = False
         if as_root and self._masked_by(t, flags):
             return
         if as_root and flags.has("outage"):
@@ -160,6 +142,15 @@ class _VerifyPhase:
                                retryable=True)
         rc = flags.first("rc")
         art_noted = (pflags or flags).has("art")
+        if shared and self._freeze is not None:  # GYM-11: the services left running, for the turn record
+            frozen = pflags or flags
+            t.freeze_exempt = parse_exempt(frozen)
+            if frozen.has("freeze_unavailable"):
+                _log.warning("freeze of %s: the verifier's exec is not in a PID namespace of its own: nothing was "
+                             "stopped (GYM-11)", step.name)
+            if frozen.has("freeze_incomplete"):
+                _log.warning("freeze of %s: processes not stopped within the bound: %s", step.name,
+                             frozen.first("freeze_incomplete"))
         if res.timed_out or rc is None:
             # The host stopped waiting (VER-7): read what the verifier left in a second call.
             t.verifier_timed_out = True

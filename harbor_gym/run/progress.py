@@ -91,19 +91,23 @@ def _fmt_reward(value: float | None) -> str:
 
 
 def summary_table(summaries: list[TaskSummary], load_failures: dict[str, str]) -> Table:
-    """Per task: episodes (graded/total), mean episode reward, per-step pass rate (turns with reward >= 1.0 over
-    turns that ran, in graded episodes), early stops, failure kinds."""
+    """Per task: episodes (graded/total), mean episode reward over graded episodes and over all rollouts (failed ones
+    as 0; GYM-12), per-step pass rate (turns with reward >= 1.0 over turns that ran, in graded episodes), early
+    stops, agent-caused outages, failure kinds."""
     table = Table(title="harbor-gym run", show_lines=True)
     table.add_column("task", no_wrap=True)
     table.add_column("graded", justify="right")
-    table.add_column("mean\nreward", justify="right")
+    table.add_column("mean reward\n(graded)", justify="right")
+    table.add_column("mean reward\n(all rollouts)", justify="right")
     table.add_column("per-step pass\n(passed/ran)", no_wrap=True)
     table.add_column("early\nstops", justify="right")
+    table.add_column("agent\noutages", justify="right")
     table.add_column("failure kinds", overflow="fold")
     for s in summaries:
         kinds = "\n".join(f"{k} x{n}" for k, n in sorted(s.failure_kinds.items())) or "-"
         table.add_row(s.task_id, f"{s.graded}/{s.episodes}", _fmt_reward(s.mean_reward),
-                      s.step_pass_text("\n") or "-", str(s.early_stops), kinds)
+                      _fmt_reward(s.mean_reward_all), s.step_pass_text("\n") or "-", str(s.early_stops),
+                      str(s.agent_outages), kinds)
     for task_id in sorted(load_failures):
-        table.add_row(task_id, "not loaded", "-", "-", "-", "harbor_gym:task_load_failed")
+        table.add_row(task_id, "not loaded", "-", "-", "-", "-", "-", "harbor_gym:task_load_failed")
     return table

@@ -28,8 +28,8 @@ __all__ = [
     "is_pass",
 ]
 
-#: Version of the row schema; bumped on any incompatible change.
-SCHEMA_VERSION = 1
+#: Version of the row schema; bumped on any incompatible change (2: ``agent_caused``/``outage_cause``, GYM-12).
+SCHEMA_VERSION = 2
 #: ``failure_kind`` of a task that failed to load inside a dataset (LOAD-*); its row has ``rollout = None``.
 TASK_LOAD_FAILED = "harbor_gym:task_load_failed"
 #: ``failure_kind`` of an episode whose ``reset()`` raised `SeedError` (GYM-2) on every attempt.
@@ -75,12 +75,15 @@ class TurnRow(BaseModel):
     durations_sec: dict[str, float] = Field(description="Phase -> seconds (prepare, agent, artifacts, verify, turn).")
     log_dir: str | None = Field(description="Host folder of the turn: verifier/ (test-stdout.txt, reward file, "
                                             "artifacts/ with manifest.json) and agent/ (the agent's output).")
+    agent_caused: bool = Field(False, description="GYM-12: the turn ended in an outage the agent caused (reward 0.0).")
+    outage_cause: str | None = Field(None, description="GYM-12: what the agent did (died, oom_killed, "
+                                                       "storage_exceeded, cannot_run_commands, harness_killed).")
 
 
 class _EpisodeKey(BaseModel):
     model_config = _FROZEN
 
-    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Row schema version.")
+    schema_version: Literal[2] = Field(SCHEMA_VERSION, description="Row schema version.")
     task_id: str = Field(description="The task (its folder name, FMT-3).")
     rollout: int | None = Field(description="Rollout index within the task (0-based); None for a load failure.")
     seed: int | None = Field(description="The seed given to reset(); None when not known.")
@@ -113,6 +116,9 @@ class FailureRow(_EpisodeKey):
     duration_sec: float | None = Field(None, description="Wall-clock seconds, when an episode ran.")
     log_dir: str | None = Field(None, description="Host folder of the episode, when one ran.")
     turns: list[TurnRow] = Field(default_factory=list, description="The turns that ran, in order.")
+    agent_caused: bool = Field(False, description="GYM-12: the episode ended in an outage the agent caused; "
+                                                  "harbor-gym run does not retry it unless --retry-agent-outages.")
+    outage_cause: str | None = Field(None, description="GYM-12: what the agent did, when agent_caused.")
 
 
 def _record_attr(record: Any, name: str, default: Any = None) -> Any:
@@ -136,6 +142,8 @@ def turn_row(record: Any) -> TurnRow:
         agent_exit_code=record.exit_code,
         durations_sec={str(k): round(float(v), 4) for k, v in dict(_record_attr(record, "timings", {})).items()},
         log_dir=_record_attr(record, "log_dir"),
+        agent_caused=bool(_record_attr(record, "agent_caused", False)),
+        outage_cause=_record_attr(record, "outage_cause"),
     )
 
 
@@ -190,4 +198,6 @@ def rows_from_episode(
         duration_sec=round(duration_sec, 3),
         log_dir=result.log_dir,
         turns=turns,
+        agent_caused=bool(getattr(result, "agent_caused", False)),
+        outage_cause=getattr(result, "outage_cause", None),
     )

@@ -7,7 +7,8 @@ Guarantees:
 - Episodes run on a pool of C threads (they wait on sandboxes, not on Python). Sandboxes come from the env's
   ``sandbox_factory`` (default: the config's backend), so a warm pool can be swapped in.
 - A retryable failure (outage, deadline, ``SeedError(retryable=True)``, agent ``retry``) is retried up to R times;
-  only the last attempt is written (to the failures file when it still fails).
+  only the last attempt is written (to the failures file when it still fails). An agent-caused outage (GYM-12) is
+  not retried unless ``EnvConfig.retry_agent_outages`` (``--retry-agent-outages``): it is a failed rollout.
 - Resume: ``(task_id, rollout)`` keys already in ``rollouts.jsonl`` or ``rollouts_failures.jsonl`` are skipped.
 - Ctrl-C (``KeyboardInterrupt`` in the calling thread): nothing new is scheduled, running sandboxes are stopped,
   the interrupted episodes write nothing, finished rows stay; the report says ``interrupted``.
@@ -153,7 +154,7 @@ class _Runner:
             if row is None or self.stop.is_set() and isinstance(row, FailureRow):
                 self.listener.episode_abandoned(task.id, rollout)
                 return None
-            if isinstance(row, FailureRow) and row.retryable and attempt < attempts:
+            if isinstance(row, FailureRow) and self._retries(row) and attempt < attempts:
                 _log.info("retrying %s rollout %d after attempt %d: %s", task.id, rollout, attempt, row.reason)
                 self.listener.episode_retry(task.id, rollout, attempt, row.reason)
                 continue
@@ -169,6 +170,10 @@ class _Runner:
         if self._trajectories is not None and attempt is not None:
             self._trajectories.write(records, task_id=task_id, rollout=rollout, seed=seed, attempt=attempt,
                                      agent=self.opts.agent.label)
+
+    def _retries(self, row: FailureRow) -> bool:
+        """A retryable failure is retried; an agent-caused outage only under ``retry_agent_outages`` (GYM-12)."""
+        return row.retryable and (not row.agent_caused or self.opts.config.retry_agent_outages)
 
     def _attempt(self, task: Any, rollout: int, seed: int, attempt: int,
                  logs_root: Path) -> RolloutRow | FailureRow | None:
@@ -282,7 +287,9 @@ class _Runner:
 
         rollouts = [r for r in self.files.rollouts.rows() if in_scope(r)]
         failures = [r for r in self.files.failures.rows() if in_scope(r)]
-        return summarize(_latest(rollouts), _latest(failures))
+        graded = _latest(rollouts)
+        seen = {(r["task_id"], r["rollout"]) for r in graded}  # each (task, rollout) once (GYM-12)
+        return summarize(graded, [r for r in _latest(failures) if (r["task_id"], r["rollout"]) not in seen])
 
 
 def _latest(rows: list[dict]) -> list[dict]:

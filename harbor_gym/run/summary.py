@@ -16,8 +16,11 @@ class TaskSummary:
     """One task's figures.
 
     Attributes:
-        episodes: rows of the task (graded + failed); ``graded`` of them in ``rollouts.jsonl``.
+        episodes: rows of the task (graded + failed), each ``(task, rollout)`` once by its final attempt;
+            ``graded`` of them in ``rollouts.jsonl``.
         mean_reward: mean roll-up reward of the graded episodes (``None`` when none).
+        mean_reward_all: GYM-12: mean over all rollouts, failed ones counting 0 (``None`` when none).
+        agent_outages: GYM-12: failed episodes that ended in an agent-caused outage.
         step_pass: step name -> (turns that passed, turns that ran) over the graded episodes (pass: reward >= 1.0).
         early_stops: graded episodes with ``stopped_after_turn`` set (STOP-9).
         failure_kinds: failure kind -> count, over failed episodes and failed turns of graded ones.
@@ -30,6 +33,7 @@ class TaskSummary:
     step_pass: dict[str, list[int]] = field(default_factory=dict)
     early_stops: int = 0
     failure_kinds: Counter = field(default_factory=Counter)
+    agent_outages: int = 0
 
     @property
     def failed(self) -> int:
@@ -38,6 +42,10 @@ class TaskSummary:
     @property
     def mean_reward(self) -> float | None:
         return self.reward_sum / self.graded if self.graded else None
+
+    @property
+    def mean_reward_all(self) -> float | None:
+        return self.reward_sum / self.episodes if self.episodes else None
 
     def step_pass_text(self, sep: str = ", ") -> str:
         """``name passed/ran`` per step, in turn order."""
@@ -68,4 +76,5 @@ def summarize(rollouts: Iterable[dict[str, Any]], failures: Iterable[dict[str, A
         s = of(row["task_id"])
         s.episodes += 1
         s.failure_kinds[row.get("failure_kind") or "unknown"] += 1
+        s.agent_outages += int(bool(row.get("agent_caused")))
     return [by_task[k] for k in sorted(by_task)]

@@ -155,6 +155,9 @@ class ExecResult:
         duration_s: host wall time of the call.
         timed_out: the command overran its timeout and its whole process group was killed.
         stdout_truncated, stderr_truncated: the output was cut at the cap.
+        wrapper_lost: the backend's own wrapper around the command was killed before it could report, while the
+            sandbox lives on (a process of the sandbox killed it, e.g. ``kill -9 -1`` run by the command's user;
+            GYM-12). ``exit_code`` is then the engine's. Only backends with such a wrapper (Docker) set it.
     """
 
     exit_code: int
@@ -164,6 +167,7 @@ class ExecResult:
     timed_out: bool = False
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    wrapper_lost: bool = False
 
     @property
     def ok(self) -> bool:

@@ -31,6 +31,7 @@ from harbor_gym.sandbox import _docker_exec as dx
 from harbor_gym.sandbox import images, lease as leases
 from harbor_gym.sandbox._docker_container import TTL_LABEL, DockerContainerMixin, storage_limit_supported
 from harbor_gym.sandbox._docker_files import DockerFilesMixin
+from harbor_gym.sandbox._docker_outage import DockerOutageMixin
 from harbor_gym.sandbox._engine import get_client, translate_error
 from harbor_gym.sandbox.base import (
     ExecResult,
@@ -54,7 +55,7 @@ POLL_S = 15.0
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_.-]+")
 
 
-class DockerSandbox(DockerContainerMixin, DockerFilesMixin):
+class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
     """A `Sandbox` backed by one Docker container.
 
     Args:
@@ -302,8 +303,10 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin):
         except Exception as exc:
             translate_error(exc, what="exec", sandbox=self.name)
         duration = time.monotonic() - started
+        lost = False
         if res.exit_code is None:
             exit_code = self._exit_without_trailer(res, exec_id, cwd)
+            lost = not res.timed_out  # GYM-12: something in the sandbox killed the wrapper (kill -9 -1)
         else:
             exit_code = res.exit_code
             if exit_code >= 128 and not self.is_alive():
@@ -312,7 +315,8 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin):
         out_text, out_cut = _decode(res.stdout, res.stdout_size, cap)
         err_text, err_cut = _decode(res.stderr, res.stderr_size, cap)
         return ExecResult(exit_code=exit_code, stdout=out_text, stderr=err_text, duration_s=duration,
-                          timed_out=res.timed_out, stdout_truncated=out_cut, stderr_truncated=err_cut)
+                          timed_out=res.timed_out, stdout_truncated=out_cut, stderr_truncated=err_cut,
+                          wrapper_lost=lost)
 
     def _feed(self, sock: Any, data: bytes) -> None:
         import socket as _socket

@@ -91,3 +91,18 @@ def test_failure_message_reaches_the_turn_row_and_the_reason():
     assert FailureRow.model_validate_json(row.model_dump_json()) == row
     graded = rows_from_episode(_result([_turn("a", 0, 1.0)], reward=1.0), **KEY)
     assert graded.turns[0].failure_message is None
+
+
+def test_gym_12_agent_caused_outage_reaches_the_rows():
+    # SPEC: GYM-12
+    import dataclasses
+
+    turn = dataclasses.replace(_turn("a", 0, None, failure="harbor_gym:sandbox_outage", valid=False),
+                               reward=0.0, agent_caused=True, outage_cause="died (exit 137)")
+    result = dataclasses.replace(_result([turn], reward=None, graded=False, failure="harbor_gym:sandbox_outage",
+                                         retryable=True), agent_caused=True, outage_cause="died (exit 137)")
+    row = rows_from_episode(result, **KEY)
+    assert isinstance(row, FailureRow) and row.agent_caused and row.outage_cause == "died (exit 137)"
+    assert row.retryable and row.schema_version == 2
+    assert row.turns[0].agent_caused and row.turns[0].outage_cause == "died (exit 137)"
+    assert FailureRow.model_validate_json(row.model_dump_json()) == row

@@ -23,3 +23,14 @@ def test_summary_per_task():
     assert b.step_pass == {"s1": [2, 2], "s2": [1, 2]}
     assert b.step_pass_text() == "s1 2/2, s2 1/2"
     assert dict(b.failure_kinds) == {"harbor:step_setup_failed": 1, "harbor_gym:sandbox_outage": 1}
+
+
+def test_gym_12_all_rollouts_mean_counts_failures_as_zero_and_agent_outages():
+    # SPEC: GYM-12
+    rollouts = [{"task_id": "t", "reward": 1.0, "turns": []}, {"task_id": "t", "reward": 1.0, "turns": []},
+                {"task_id": "t", "reward": 0.0, "turns": []}]
+    failures = [{"task_id": "t", "failure_kind": "harbor_gym:sandbox_outage", "agent_caused": True},
+                {"task_id": "t", "failure_kind": "harbor_gym:sandbox_outage", "agent_caused": False}]
+    (s,) = summarize(rollouts, failures)
+    assert s.mean_reward == 2 / 3 and s.mean_reward_all == 2 / 5
+    assert (s.episodes, s.graded, s.failed, s.agent_outages) == (5, 3, 2, 1)
