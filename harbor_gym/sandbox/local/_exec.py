@@ -3,8 +3,9 @@
 Every command starts in ``_launch.py``, a fresh host Python process that joins the sandbox's cgroups and
 namespaces, drops to the command's user and to `_CAPS` (Docker's default capability set minus ``mknod``) and only
 then executes the command, so no file of the sandbox is ever opened, mapped or executed with host privileges (SPEC
-GYM-10; see that module for why this design). Output goes to host temporary files cut at ``output_cap_bytes``; on
-timeout the command's whole process group is killed.
+GYM-10; see that module for why this design). Output comes through pipes read into sinks capped at
+``output_cap_bytes`` (``_streams.py``: the host keeps no more than the cap, whatever the command writes); on timeout
+the command's whole process group is killed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import marshal
 import os
 import posixpath
-import select
 import shlex
 import signal
 import subprocess
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from harbor_gym.errors import SandboxError, SandboxPathError
 from harbor_gym.sandbox.base import ExecResult
-from harbor_gym.sandbox.local import _rootfs
+from harbor_gym.sandbox.local import _rootfs, _streams
 
 if TYPE_CHECKING:
     from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec, SandboxState
@@ -46,6 +46,10 @@ _CAP_BITS = {
 #: The capability mask the launcher keeps (bounding, permitted and effective sets of root in the sandbox).
 CAP_MASK = sum(1 << _CAP_BITS[c] for c in _CAPS)
 _LAUNCH = str(Path(__file__).with_name("_launch.py"))
+#: `_raw`'s default bound of what a root command's stdout may write to the host (an archive for ``get``).
+RAW_STDOUT_CAP = 1 << 30
+#: `_raw`'s exit code when the command's stdout passed its cap (the file holds the first ``stdout_cap`` bytes).
+RAW_OVER_CAP_EXIT = 250
 
 
 class LocalExecMixin:
@@ -65,6 +69,7 @@ class LocalExecMixin:
         @property
         def cgroup_dirs(self) -> tuple[str, ...]: ...
         def is_alive(self) -> bool: ...
+        def _drainer(self) -> _streams.Drainer: ...
 
     # --- commands ----------------------------------------------------------------------------------------
     def _require_running(self) -> int:
@@ -96,19 +101,51 @@ class LocalExecMixin:
             "gid": info.gid, "groups": list(info.groups), "caps": CAP_MASK, "argv": argv, "env": dict(env),
         }
 
-    def _launch(self, request: dict, *, stdin: bytes | None, stdout, stderr) -> subprocess.Popen:
-        """Start the launcher for ``request`` in a new session (its process group is the command's)."""
+    def _launch(self, request: dict, *, stdin: int | None, stdout: int, stderr: int) -> subprocess.Popen:
+        """Start the launcher for ``request`` in a new session (its process group is the command's), with the
+        given file descriptors as its stdin (``None``: /dev/null), stdout and stderr."""
         fd = os.memfd_create("harbor-gym-launch")  # close-on-exec: only the launcher gets it (pass_fds)
         try:
             os.write(fd, marshal.dumps(request))
             os.lseek(fd, 0, os.SEEK_SET)
             return subprocess.Popen(
                 [sys.executable, "-I", "-S", _LAUNCH, str(fd)], pass_fds=(fd,),
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                stdin=subprocess.DEVNULL if stdin is None else stdin, stdout=stdout, stderr=stderr,
                 env={}, start_new_session=True, close_fds=True,
             )
         finally:
             os.close(fd)
+
+    def _start_command(self, request: dict, *, stdin: bytes | None, stdout: _streams.Sink,
+                       stderr: _streams.Sink, timeout: float | None) -> tuple[int | None, bool]:
+        """Run ``request`` with its output in pipes read into the sinks (GYM-10: nothing of it lands on the host
+        beyond the sinks' caps); returns (the launcher's return code, timed out). On timeout the command's whole
+        process group is killed."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe() if stdin is not None else (None, None)
+        try:
+            proc = self._launch(request, stdin=in_r, stdout=out_w, stderr=err_w)
+        except OSError as exc:
+            for fd in (out_r, out_w, err_r, err_w, in_r, in_w):
+                if fd is not None:
+                    os.close(fd)
+            raise SandboxError(f"cannot run a command in local sandbox {self.name}: {exc}", field="exec") from exc
+        for fd in (out_w, err_w, in_r):
+            if fd is not None:
+                os.close(fd)
+        timed_out = True
+        try:
+            timed_out = _streams.collect(proc, {out_r: stdout, err_r: stderr}, stdin_fd=in_w, stdin=stdin,
+                                         timeout=timeout, drainer=self._drainer())
+        finally:
+            if timed_out or proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            proc.wait()
+        return proc.returncode, timed_out
 
     def _run(
         self, command: str | Sequence[str], *, timeout: float | None, user: str | None, env: Mapping[str, str] | None,
@@ -125,38 +162,14 @@ class LocalExecMixin:
         environ.update(env or {})
         request = self._request(pid, command, info, cwd, environ)
         cap = self.settings.output_cap_bytes
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                proc = self._launch(request, stdin=stdin, stdout=out, stderr=err)
-            except OSError as exc:
-                raise SandboxError(f"cannot run a command in local sandbox {self.name}: {exc}", field="exec") from exc
-            timed_out = False
-            try:
-                if stdin is None:
-                    timed_out = not _wait_exit(proc, timeout)
-                else:
-                    proc.communicate(input=stdin, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                if timed_out or proc.returncode is None:
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                    proc.wait()
-            if not self.is_alive():
-                raise SandboxError(f"local sandbox {self.name} stopped while a command ran", field="exec")
-            code = proc.returncode
-            code = 128 - code if code < 0 else code
-            if timed_out:
-                code = -1
-            heads = []
-            for fh in (out, err):
-                size = os.fstat(fh.fileno()).st_size
-                fh.seek(0)
-                heads.append((fh.read(cap), size))
-        return code, heads[0][0], heads[0][1], heads[1][0], heads[1][1], timed_out, time.monotonic() - t0
+        out, err = _streams.Sink(cap), _streams.Sink(cap)
+        code, timed_out = self._start_command(request, stdin=stdin, stdout=out, stderr=err, timeout=timeout)
+        if not self.is_alive():
+            raise SandboxError(f"local sandbox {self.name} stopped while a command ran", field="exec")
+        code = 128 - code if code is not None and code < 0 else code
+        if timed_out or code is None:
+            code = -1
+        return code, bytes(out.head), out.size, bytes(err.head), err.size, timed_out, time.monotonic() - t0
 
     def exec(
         self,
@@ -186,48 +199,29 @@ class LocalExecMixin:
         )
 
     def _raw(
-        self, command: Sequence[str], *, stdin: bytes | None = None, timeout: float = 600.0
+        self, command: Sequence[str], *, stdin: bytes | None = None, timeout: float = 600.0,
+        stdout_cap: int = RAW_STDOUT_CAP,
     ) -> tuple[int, Path, str]:
-        """Run ``command`` as root; returns (exit code, its uncapped stdout in a temp file the caller removes,
-        the head of its stderr)."""
+        """Run ``command`` as root; returns (exit code, its stdout in a temp file the caller removes, the head of
+        its stderr). At most ``stdout_cap`` bytes of stdout are written to the host (GYM-10: a sandbox's own
+        ``tar``, which a root agent may have replaced, cannot fill the host's disk); past it the exit code is
+        `RAW_OVER_CAP_EXIT`."""
         pid = self._require_running()
         root = _rootfs.UserInfo(name="root", uid=0, gid=0, groups=(0,), home="/root")
         request = self._request(pid, command, root, "/", {"PATH": _DEFAULT_PATH, "HOME": "/root"})
         fd, path = tempfile.mkstemp(prefix="harbor-gym-get-")
-        err = tempfile.TemporaryFile()
         try:
-            proc = self._launch(request, stdin=stdin, stdout=fd, stderr=err)
-            try:
-                proc.communicate(input=stdin, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            err.seek(0)
-            return proc.returncode, Path(path), err.read(4096).decode(errors="replace").strip()
-        finally:
-            os.close(fd)
-            err.close()
-
-
-def _wait_exit(proc: subprocess.Popen, timeout: float | None) -> bool:
-    """Wait for ``proc`` to exit (reaped) within ``timeout``; False on timeout. Wakes up at the exit itself (a
-    pidfd), not at the next tick of `Popen.wait`'s polling, which costs up to 2x on a short command."""
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfd here (or already reaped): fall back to polling
-        try:
-            proc.wait(timeout=timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-    try:
-        ready, _, _ = select.select([pidfd], [], [], timeout)
-    finally:
-        os.close(pidfd)
-    if not ready:
-        return False
-    proc.wait()
-    return True
+            with os.fdopen(fd, "wb") as fh:
+                out, err = _streams.Sink(stdout_cap, file=fh), _streams.Sink(4096)
+                code, timed_out = self._start_command(request, stdin=stdin, stdout=out, stderr=err, timeout=timeout)
+        except BaseException:
+            os.unlink(path)
+            raise
+        if out.size > stdout_cap:
+            code = RAW_OVER_CAP_EXIT
+        elif timed_out or code is None:
+            code = -1
+        return code, Path(path), bytes(err.head).decode(errors="replace").strip()
 
 
 def _abs(path: str) -> str:

@@ -184,6 +184,20 @@ def _remove_cgroups(paths, deadline):
                 time.sleep(0.02)
 
 
+def _read_log(fd, cap=2000):
+    """What the pipe ``fd`` holds now (non-blocking), its last ``cap`` bytes decoded; the rest is dropped."""
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except (BlockingIOError, OSError):
+            break
+        if not chunk:
+            break
+        data = (data + chunk)[-cap:]
+    return data.decode(errors="replace")
+
+
 def _reap_all(deadline):
     """Wait for every child and re-parented orphan (the sandbox's PID 1 dies with its namespace)."""
     while time.monotonic() < deadline:
@@ -236,8 +250,13 @@ def main():
             fds.append(r)
             argv += ["--bind-data", str(r), dest]
         argv += ["--info-fd", str(info_w)] + list(cfg["args"])
+        # bwrap's stderr (inherited by the sandbox's PID 1 and what it starts) is a pipe this keeper drains, never
+        # a host file: a root agent can reopen it through /proc/1/fd/2, and a file would grow without bound.
+        log_r, log_w = os.pipe()
+        os.set_blocking(log_r, False)
         proc = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=open(os.path.join(cfg["dir"], "bwrap.log"), "wb"))
+                                stderr=log_w)
+        os.close(log_w)
         for fd in fds:
             os.close(fd)
         with os.fdopen(info_r, "rb") as fh:
@@ -249,8 +268,7 @@ def main():
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-            with open(os.path.join(cfg["dir"], "bwrap.log"), "rb") as fh:
-                log = fh.read().decode(errors="replace")[-2000:]
+            log = _read_log(log_r)
             _fail("bubblewrap did not start the sandbox: " + (log.strip() or "no output"))
             return 3
         # bwrap reports its child before it has set up the new root: wait until that child's root is ours.
@@ -264,8 +282,7 @@ def main():
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                with open(os.path.join(cfg["dir"], "bwrap.log"), "rb") as fh:
-                    log = fh.read().decode(errors="replace")[-2000:]
+                log = _read_log(log_r)
                 _fail("bubblewrap did not set up the sandbox's root: " + (log.strip() or "no output"))
                 return 3
             time.sleep(0.002)
@@ -281,6 +298,7 @@ def main():
                 break
             if age > ttl:
                 break
+            _read_log(log_r)  # drop what the sandbox's PID 1 or its heirs write to their stderr
             time.sleep(interval)
         return 0
     except _Stop:

@@ -53,7 +53,7 @@ from pathlib import Path
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec, SandboxState
-from harbor_gym.sandbox.local import _cgroups, _net
+from harbor_gym.sandbox.local import _cgroups, _net, _streams
 from harbor_gym.sandbox.local._exec import _CAPS, LocalExecMixin
 from harbor_gym.sandbox.local._files import LocalFilesMixin
 
@@ -127,6 +127,7 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         self._layer: str | None = None
         self._address: str | None = None
         self._host_network = False
+        self._drain: _streams.Drainer | None = None
 
     # --- protocol properties -----------------------------------------------------------------------------
     @property
@@ -320,6 +321,13 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         script = "".join(f"echo $$ > {shlex.quote(d + '/cgroup.procs')} && " for d in self._cgroups.dirs)
         return ["/bin/sh", "-c", script + 'exec "$@"', "sh"]
 
+    def _drainer(self) -> _streams.Drainer:
+        """The sandbox's drainer of pipes that left-behind processes still write into (made on first use)."""
+        with self._lock:
+            if self._drain is None:
+                self._drain = _streams.Drainer(self.name)
+            return self._drain
+
     def storage_exceeded(self) -> bool:
         """True iff the sandbox's writable layer is bounded (``storage_mb``) and full now: less than
         min(4 MiB, 2 % of the bound) is left, as its own filesystem counts it (GYM-10, GYM-12). False when unbounded
@@ -366,6 +374,10 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
                 if stream is not None:
                     stream.close()
         _cgroups.remove_cgroups(self._cgroups.dirs)
+        with self._lock:
+            drain, self._drain = self._drain, None
+        if drain is not None:
+            drain.close()
         shutil.rmtree(self._dir, ignore_errors=True)
         _net.release(self._address)
         self._address = None
