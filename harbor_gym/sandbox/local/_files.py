@@ -29,7 +29,8 @@ class LocalFilesMixin:
 
         def _require_running(self) -> int: ...
         def _raw(
-            self, command: Sequence[str], *, stdin: bytes | None = None, timeout: float = 600.0
+            self, command: Sequence[str], *, stdin: bytes | None = None, timeout: float = 600.0,
+            stdout_cap: int = ...,
         ) -> tuple[int, Path, str]: ...
 
     # --- files -------------------------------------------------------------------------------------------
@@ -46,7 +47,8 @@ class LocalFilesMixin:
 
     def _untar(self, archive: bytes, *, what: str) -> None:
         """Extract an archive rooted at ``/`` inside the sandbox, as root, with the sandbox's own tar."""
-        code, out, err = self._raw(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", "/"], stdin=archive)
+        code, out, err = self._raw(["tar", "-x", "--numeric-owner", "-p", "-f", "-", "-C", "/"], stdin=archive,
+                                   stdout_cap=1 << 16)  # tar -x prints nothing we need (GYM-10: bounded)
         out.unlink(missing_ok=True)
         if code != 0:
             raise SandboxError(
