@@ -55,6 +55,7 @@ class PolicyServer:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.auth: list[str | None] = []  # the Authorization header of each request
+        self.handler_s: list[float] = []  # seconds each request spent in the policy (benchmarks)
         self.app = FastAPI()
         self.app.post("/v1/chat/completions")(self._chat)
         with socket.socket() as s:
@@ -80,6 +81,13 @@ class PolicyServer:
 
     # --- the policy ------------------------------------------------------------------------------------
     async def _chat(self, request: Request) -> JSONResponse:
+        t0 = time.perf_counter()
+        try:
+            return await self._answer(request)
+        finally:
+            self.handler_s.append(time.perf_counter() - t0)
+
+    async def _answer(self, request: Request) -> JSONResponse:
         body = await request.json()
         self.requests.append(body)
         self.auth.append(request.headers.get("authorization"))
