@@ -117,7 +117,7 @@ class DockerContainerMixin:
         if spec.storage_mb is not None:
             size = storage_size_mb(spec.storage_mb, image_bytes=self._image.size_bytes,
                                    includes_image=storage_support(self.client).includes_image)
-        network = _netfilter.public_network(self.client).name if spec.network else "bridge"
+        network = self._public_network() if spec.network else "bridge"
         host_config = build_host_config(spec, lease.path, public_network=network, storage_size=size)
         try:
             created = self._create(api, labels, host_config)
@@ -135,6 +135,17 @@ class DockerContainerMixin:
             translate_error(exc, what="create and start the container", sandbox=self.name)
         self._state = SandboxState.RUNNING
         log.debug("sandbox %s started (container %s, image %s)", self.name, self.container_id, self._image.ref)
+
+    def _public_network(self) -> str:
+        """GYM-10: the shared, host-filtered network; where the filter cannot be installed, refused unless
+        ``settings.unfiltered_network`` is ``"allow"`` (the episode refuses such tasks at seed already)."""
+        net = _netfilter.public_network(self.client)
+        if not net.filtered and getattr(self.settings, "unfiltered_network", "refuse") != "allow":
+            raise SandboxUnavailableError(
+                f"sandbox {self.name}: a public network cannot be filtered from the host here "
+                f"({net.unfiltered_reason}); it would reach {_netfilter.REACHABLE_WITHOUT_FILTER}",
+                field="network", rule="GYM-10")
+        return net.name
 
     def _create(self, api: Any, labels: dict[str, str], host_config: dict[str, Any]) -> dict:
         """Create the container; an image removed since it was inspected (gc) is resolved once more."""
