@@ -39,7 +39,14 @@ import re
 import time
 from typing import Any, Mapping
 
-from harbor_gym.agents._chat_wire import TOKEN_OPTIONS, RefusedOptions, call_seed, named_options, parse_response
+from harbor_gym.agents._chat_wire import (
+    TOKEN_OPTIONS,
+    RefusedOptions,
+    call_seed,
+    named_options,
+    parse_response,
+    parse_stream,
+)
 from harbor_gym.agents._model_calls import ModelCall, message_delta
 from harbor_gym.agents._outcome import AgentOutcome, AgentOutcomePolicy, AgentStatus
 from harbor_gym.agents._script import tail
@@ -107,6 +114,8 @@ class ChatAgent:
         max_retries: the ``openai`` client's own retries of a failed request (default 2).
         token_data: ask for token ids and logprobs (default True).
         extra_body: more request-body fields (e.g. ``{"top_k": 20}``).
+        stream: ask for a streamed answer (``stream_options.include_usage``) and join its chunks, token ids and
+            logprobs included (`parse_stream`); default False.
     """
 
     name = "chat"
@@ -118,7 +127,8 @@ class ChatAgent:
                  system_prompt: str | None = None, tool_mode: str = "tools", command_timeout_s: float = 120.0,
                  output_limit_bytes: int = 16384, max_turn_tokens: int | None = None,
                  request_timeout_s: float = 600.0, max_retries: int = 2, token_data: bool = True,
-                 extra_body: Mapping[str, Any] | None = None, api_key_env: str = "OPENAI_API_KEY") -> None:
+                 extra_body: Mapping[str, Any] | None = None, api_key_env: str = "OPENAI_API_KEY",
+                 stream: bool = False) -> None:
         if tool_mode not in ("tools", "text"):
             raise ValueError(f"ChatAgent: tool_mode must be 'tools' or 'text', got {tool_mode!r}")
         if max_steps < 1:
@@ -140,6 +150,7 @@ class ChatAgent:
         self.max_retries = int(max_retries)
         self.token_data = bool(token_data)
         self.extra_body = dict(extra_body or {})
+        self.stream = bool(stream)
         self._client_obj: Any = None
 
     # --- identity, pickling --------------------------------------------------------------------------------
@@ -152,7 +163,7 @@ class ChatAgent:
         return (self.model, self.base_url, self.api_key_env, self.max_steps, self.temperature, self.max_tokens,
                 self.seed, self.system_prompt, self.tool_mode, self.command_timeout_s, self.output_limit_bytes,
                 self.max_turn_tokens, self.request_timeout_s, self.max_retries, self.token_data,
-                json.dumps(self.extra_body, sort_keys=True, default=str))
+                json.dumps(self.extra_body, sort_keys=True, default=str), self.stream)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other._settings() == self._settings()  # type: ignore[attr-defined]
@@ -305,11 +316,11 @@ class ChatAgent:
             body = {**self.extra_body, **{k: v for k, v in sent_options.items() if k != "logprobs"}}
             if "logprobs" in sent_options:
                 params["logprobs"] = True
+            if self.stream:
+                params["stream"] = True
+                params["stream_options"] = {"include_usage": True}
             try:
-                raw = self._client().with_options(timeout=timeout).chat.completions.with_raw_response.create(
-                    model=self.model, messages=messages, extra_body=body or None, **params)
-                data = json.loads(raw.text)
-                parsed = parse_response(data)
+                parsed = self._send(timeout, messages, body, params)
                 break
             except openai.BadRequestError as exc:
                 refused = named_options(str(exc), set(sent_options))
@@ -330,6 +341,10 @@ class ChatAgent:
         else:
             raise _BadRequest("the model server refused every form of the request (400)")
         latency = time.monotonic() - t0
+        params.pop("stream", None)
+        params.pop("stream_options", None)
+        if self.stream:
+            params["stream"] = True
         offset, delta = message_delta(previous, messages)
         request_params = {k: v for k, v in params.items() if k != "seed"}
         if body:
@@ -340,6 +355,27 @@ class ChatAgent:
                          completion_token_ids=parsed.completion_token_ids, logprobs=parsed.logprobs, seed=seed,
                          model=self.model, params=request_params)
         return call, parsed
+
+
+    def _send(self, timeout: float, messages: list[dict[str, Any]], body: dict[str, Any],
+              params: dict[str, Any]) -> Any:
+        """One HTTP request; the answer as sent (raw JSON, or the raw SSE chunks when streaming), parsed."""
+        completions = self._client().with_options(timeout=timeout).chat.completions
+        if not self.stream:
+            raw = completions.with_raw_response.create(model=self.model, messages=messages,
+                                                       extra_body=body or None, **params)
+            return parse_response(json.loads(raw.text))
+        with completions.with_streaming_response.create(model=self.model, messages=messages,
+                                                        extra_body=body or None, **params) as response:
+            chunks = []
+            for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    break
+                chunks.append(json.loads(data))
+        return parse_stream(chunks)
 
 
 class _ModelFailure(Exception):

@@ -9,6 +9,10 @@ Token options, as vLLM's OpenAI-compatible server documents them (SGLang accepts
 - ``return_tokens_as_token_ids: true``: each ``logprobs.content[i].token`` is ``"token_id:N"``, so the completion
   ids are read from the logprobs when ``token_ids`` is absent.
 
+Streamed (``chat.completion.chunk`` objects, `parse_stream`): ``prompt_token_ids`` from whichever chunk carries it
+(vLLM: the first), each chunk's ``choices[0].token_ids`` and ``logprobs.content`` concatenated in order, the text and
+tool-call deltas joined, ``usage`` from the final chunk (``stream_options.include_usage``).
+
 A server that answers 400 naming one of these options is asked again once without it, and the option is left out of
 every later request to that endpoint (``base_url``) in this process (`RefusedOptions`). Nothing is re-tokenised: a
 field the server did not send stays ``None``.
@@ -19,9 +23,10 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
-__all__ = ["TOKEN_OPTIONS", "RefusedOptions", "ParsedResponse", "parse_response", "call_seed", "named_options"]
+__all__ = ["TOKEN_OPTIONS", "RefusedOptions", "ParsedResponse", "parse_response", "parse_stream", "call_seed",
+           "named_options"]
 
 #: The token options a request carries (name -> value), in the body (``extra_body``) or as a top-level argument.
 TOKEN_OPTIONS: dict[str, Any] = {"logprobs": True, "return_token_ids": True, "return_tokens_as_token_ids": True}
@@ -138,3 +143,60 @@ def parse_response(data: Mapping[str, Any]) -> ParsedResponse:
         logprobs=logprobs,
         message=message,
     )
+
+
+def parse_stream(chunks: Iterable[Mapping[str, Any]]) -> ParsedResponse:
+    """Read the ``chat.completion.chunk`` objects of a streamed answer as one response (see the module docstring).
+
+    Raises:
+        ValueError: no chunk had a choice.
+    """
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish, usage, prompt_ids = None, None, None
+    ids: list[int] | None = None
+    content: list[Any] = []
+    seen = False
+    for chunk in chunks:
+        if isinstance(chunk.get("usage"), Mapping):
+            usage = dict(chunk["usage"])
+        if chunk.get("prompt_token_ids") is not None:
+            prompt_ids = list(chunk["prompt_token_ids"])
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
+                continue
+            seen = True
+            if choice.get("prompt_token_ids") is not None:
+                prompt_ids = list(choice["prompt_token_ids"])
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                text.append(delta["content"])
+            for raw in delta.get("tool_calls") or ():
+                slot = calls.setdefault(int(raw.get("index", len(calls))), {"id": None, "name": None, "arguments": ""})
+                fn = raw.get("function") or {}
+                slot["id"] = slot["id"] or raw.get("id")
+                slot["name"] = slot["name"] or fn.get("name")
+                slot["arguments"] += fn.get("arguments") or ""
+            if choice.get("token_ids") is not None:
+                ids = (ids or []) + [int(i) for i in choice["token_ids"]]
+            lp = choice.get("logprobs")
+            if isinstance(lp, Mapping) and isinstance(lp.get("content"), list):
+                content += lp["content"]
+            if choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    if not seen:
+        raise ValueError("the stream had no choices")
+    tool_calls = [{"id": c["id"] or f"call_{i}", "name": c["name"], "arguments": c["arguments"]}
+                  for i, c in sorted(calls.items())]
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text else None}
+    if tool_calls:
+        message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                  "function": {"name": c["name"], "arguments": c["arguments"]}} for c in tool_calls]
+    choice: dict[str, Any] = {"message": message, "finish_reason": finish,
+                              "logprobs": {"content": content} if content else None}
+    if ids is not None:
+        choice["token_ids"] = ids
+    data: dict[str, Any] = {"choices": [choice], "usage": usage}
+    if prompt_ids is not None:
+        data["prompt_token_ids"] = prompt_ids
+    return parse_response(data)

@@ -131,3 +131,31 @@ def test_token_segment_is_frozen():
     seg = TokenSegment((1,), (1,), (0.0,), (0,))
     with pytest.raises(Exception):
         seg.token_ids = ()  # type: ignore[misc]
+
+
+def test_parse_stream_joins_chunks_with_their_token_data():
+    # SPEC: GYM-13 — streamed chunks: prompt ids of the first chunk, token_ids and logprobs concatenated, tool-call
+    # argument pieces joined, usage from the last chunk.
+    from harbor_gym.agents._chat_wire import parse_stream
+
+    chunks = [
+        {"prompt_token_ids": [1, 2, 3], "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                                             "function": {"name": "bash", "arguments": "{\"com"}}]},
+                      "token_ids": [7, 8], "logprobs": {"content": [{"token": "a", "logprob": -0.5},
+                                                                    {"token": "b", "logprob": -0.25}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "mand\": \"ls\"}"}}]},
+                      "token_ids": [9], "logprobs": {"content": [{"token": "c", "logprob": -2.0}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}},
+    ]
+    parsed = parse_stream(chunks)
+    assert parsed.prompt_token_ids == [1, 2, 3] and parsed.completion_token_ids == [7, 8, 9]
+    assert parsed.logprobs == [-0.5, -0.25, -2.0]
+    assert parsed.tool_calls == ({"id": "c1", "name": "bash", "arguments": "{\"command\": \"ls\"}"},)
+    assert parsed.finish_reason == "tool_calls" and parsed.usage["completion_tokens"] == 3
+    ids_only = parse_stream([{"choices": [{"index": 0, "delta": {"content": "hi"},
+                                           "logprobs": {"content": [{"token": "token_id:42", "logprob": -1.0}]}}]}])
+    assert ids_only.completion_token_ids == [42] and ids_only.text == "hi"
+    with pytest.raises(ValueError):
+        parse_stream([{"choices": []}])
