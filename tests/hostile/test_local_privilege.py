@@ -512,3 +512,40 @@ def test_local_episode_root_agent_preload_gains_nothing_on_the_host(tmp_path, pa
     lines = [line for path in evidence for line in path.read_text(errors="replace").splitlines()]
     assert any(line.startswith("run uid=0 ") for line in lines), lines
     _assert_nothing_privileged(lines, host_secret)
+
+
+# SPEC: GYM-10
+def test_command_output_never_lands_in_a_host_file(settings):
+    # A command's stdout/stderr and PID 1's stderr are pipes the host reads into capped buffers: a flood (or a
+    # process reopening them through /proc/<pid>/fd) costs the host no disk, and the result says what was cut.
+    small = SandboxSettings(image_aliases=settings.image_aliases, rootfs_aliases=settings.rootfs_aliases,
+                            output_cap_bytes=4096)
+    with LocalSandbox(SandboxSpec(image=BASE_IMAGE), small) as sb:
+        r = sb.exec("readlink /proc/self/fd/1 /proc/self/fd/2 /proc/1/fd/2", timeout=30)
+        kinds = r.stdout.split()
+        assert len(kinds) == 3 and all(k.startswith("pipe:") for k in kinds), r
+        r = sb.exec("head -c 300000000 /dev/zero | tr '\\0' x; (yes > /proc/1/fd/2 &) ; echo done >&2", timeout=60)
+        assert r.stdout_truncated and "cut at 4096 bytes of 300000000" in r.stdout, r.stdout[-200:]
+        assert r.stderr.strip() == "done"
+        # a writer left behind on the exec's pipe neither blocks nor dies: the sandbox's drainer reads it
+        sb.exec("(while :; do head -c 65536 /dev/zero || exit; echo >> /tmp/count; sleep 0.01; done) & echo started",
+                timeout=30)
+        grows = sb.exec("sleep 0.3; a=$(wc -c < /tmp/count); sleep 0.5; b=$(wc -c < /tmp/count); "
+                        "[ $b -gt $a ] && echo grows", timeout=30)
+        assert grows.stdout.strip() == "grows", grows
+
+
+# SPEC: GYM-10
+def test_replaced_tar_cannot_fill_the_host_at_the_next_upload(settings):
+    # put() runs the sandbox's own tar as root; a root agent made it an endless writer. The host keeps at most
+    # 64 KiB of it and stops it at once: the upload fails fast, naming the copy, and nothing grows on the host.
+    with LocalSandbox(SandboxSpec(image=BASE_IMAGE), settings) as sb:
+        sb.put_bytes(b"#!/bin/sh\nexec yes flood\n", "/hg-stage/tar", mode=0o755)
+        assert sb.exec(["/bin/mv", "-f", "/hg-stage/tar", "/usr/bin/tar"], timeout=30).exit_code == 0
+        import time
+
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as info:
+            sb.put_bytes(b"data", "/tmp/after-flood")
+        assert time.monotonic() - t0 < 30
+        assert "exit 250" in str(info.value), info.value

@@ -204,15 +204,15 @@ class LocalExecMixin:
     ) -> tuple[int, Path, str]:
         """Run ``command`` as root; returns (exit code, its stdout in a temp file the caller removes, the head of
         its stderr). At most ``stdout_cap`` bytes of stdout are written to the host (GYM-10: a sandbox's own
-        ``tar``, which a root agent may have replaced, cannot fill the host's disk); past it the exit code is
-        `RAW_OVER_CAP_EXIT`."""
+        ``tar``, which a root agent may have replaced, cannot fill the host's disk); past it the command is killed
+        and the exit code is `RAW_OVER_CAP_EXIT`."""
         pid = self._require_running()
         root = _rootfs.UserInfo(name="root", uid=0, gid=0, groups=(0,), home="/root")
         request = self._request(pid, command, root, "/", {"PATH": _DEFAULT_PATH, "HOME": "/root"})
         fd, path = tempfile.mkstemp(prefix="harbor-gym-get-")
         try:
             with os.fdopen(fd, "wb") as fh:
-                out, err = _streams.Sink(stdout_cap, file=fh), _streams.Sink(4096)
+                out, err = _streams.Sink(stdout_cap, file=fh, halt_past_cap=True), _streams.Sink(4096)
                 code, timed_out = self._start_command(request, stdin=stdin, stdout=out, stderr=err, timeout=timeout)
         except BaseException:
             os.unlink(path)

@@ -149,7 +149,8 @@ def main():
                 _drop(uid, gid, groups, keep)
                 _execvpe(argv, env)
             except BaseException as exc:  # noqa: BLE001 - never a traceback (it would read files)
-                _die(126, b"cannot start the command (" + type(exc).__name__.encode() + b")", getattr(exc, "errno", None) or 1)
+                _die(126, b"cannot start the command (" + type(exc).__name__.encode() + b")",
+                     getattr(exc, "errno", None) or 1)
         while True:
             try:
                 _, status = os.waitpid(child, 0)

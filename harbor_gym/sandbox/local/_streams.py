@@ -26,11 +26,13 @@ _CHUNK = 1 << 16
 
 
 class Sink:
-    """Keeps the first ``cap`` bytes fed to it (in memory, or written to ``file``) and counts all of them."""
+    """Keeps the first ``cap`` bytes fed to it (in memory, or written to ``file``) and counts all of them.
+    With ``halt_past_cap``, `collect` stops the command as soon as more than ``cap`` bytes came."""
 
-    def __init__(self, cap: int, file: BinaryIO | None = None) -> None:
+    def __init__(self, cap: int, file: BinaryIO | None = None, *, halt_past_cap: bool = False) -> None:
         self.cap = cap
         self.file = file
+        self.halt_past_cap = halt_past_cap
         self.head = bytearray()
         self.size = 0
 
@@ -64,7 +66,8 @@ def collect(proc: subprocess.Popen, pipes: dict[int, Sink], *, stdin_fd: int | N
     """Read ``pipes`` (read end -> sink) and write ``stdin`` until ``proc`` exits or ``timeout`` passes.
 
     Returns:
-        True iff the timeout passed first (the caller kills the process group and reaps ``proc``).
+        True iff the timeout passed first, or a ``halt_past_cap`` sink overflowed (the caller kills the process
+        group and reaps ``proc``).
 
     After return every read end is closed or owned by ``drainer``; the stdin pipe is closed.
     """
@@ -111,7 +114,10 @@ def collect(proc: subprocess.Popen, pipes: dict[int, Sink], *, stdin_fd: int | N
                     except OSError:
                         data = b""
                     if data:
-                        pipes[key.fd].feed(data)
+                        sink = pipes[key.fd]
+                        sink.feed(data)
+                        if sink.halt_past_cap and sink.size > sink.cap:
+                            timed_out = exited = True  # stop reading: the caller kills the command
                     else:
                         sel.unregister(key.fd)
                         open_fds.discard(key.fd)
