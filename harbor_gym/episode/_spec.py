@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping
 from harbor_gym.agents import Oracle, supports_continue
 from harbor_gym.config import EnvConfig, Semantics, TurnSessions
 from harbor_gym.errors import SeedRefusedError
+from harbor_gym.sandbox._gpus import GPU_RUNTIME, engine_gpu_runtime
 from harbor_gym.sandbox.base import SandboxSpec
 from harbor_gym.task import EnvironmentConfig, ImageSourceKind, NetworkMode, Step, Task, resolve_env_templates
 
@@ -59,11 +60,13 @@ def _network(env: EnvironmentConfig, task: Task, where: str) -> bool:
 
 def _check_resources(env: EnvironmentConfig, task: Task, where: str) -> None:
     toml = task.path / "task.toml"
-    if env.gpus:
-        raise SeedRefusedError(f"{env.gpus} GPU(s) requested but this host has no GPU support",
+    if env.gpus and engine_gpu_runtime() is None:
+        raise SeedRefusedError(f"{env.gpus} GPU(s) requested but the Docker engine here has no GPU runtime (no "
+                               f"'{GPU_RUNTIME}' runtime in docker info), so no sandbox can get one",
                                path=toml, field=f"{where}.gpus", rule="LOAD-24")
     if env.gpu_types:
-        raise SeedRefusedError("gpu_types requested but this host has no GPU support", path=toml,
+        raise SeedRefusedError(f"gpu_types {list(env.gpu_types)} requested but no provider here can choose a GPU "
+                               "model (a device request selects a count only)", path=toml,
                                field=f"{where}.gpu_types", rule="LOAD-24")
     if env.tpu:
         raise SeedRefusedError("a TPU is requested but no provider here has one", path=toml, field=f"{where}.tpu",
@@ -90,7 +93,7 @@ def agent_spec(task: Task, *, env: Mapping[str, str] | None = None,
     common: dict[str, Any] = dict(
         workdir=cfg.workdir, env=dict(env), cpus=cfg.cpus, memory_mb=_or(cfg.memory_mb, default_memory_mb),
         storage_mb=_or(cfg.storage_mb, default_storage_mb),
-        network=network, labels={TASK_LABEL: task.id}, name_hint=task.id,
+        network=network, labels={TASK_LABEL: task.id}, name_hint=task.id, gpus=cfg.gpus,
         build_timeout_s=float(cfg.build_timeout_sec), pids_limit=pids_limit,
     )
     if cfg.docker_image:
@@ -130,12 +133,13 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec, default_storage
     labels = {TASK_LABEL: task.id, STEP_LABEL: step.name}
     if table is None:
         kwargs = dict(workdir=base.workdir, env=dict(spec_env), cpus=base.cpus, memory_mb=base.memory_mb,
-                      storage_mb=base.storage_mb, network=base.network, build_timeout_s=base.build_timeout_s)
+                      storage_mb=base.storage_mb, network=base.network, build_timeout_s=base.build_timeout_s,
+                      gpus=base.gpus)
     else:
         kwargs = dict(workdir=table.workdir, env=dict(spec_env), cpus=table.cpus,
                       memory_mb=_or(table.memory_mb, default_memory_mb),
                       storage_mb=_or(table.storage_mb, default_storage_mb),
-                      network=_network(table, task, "verifier.environment"),
+                      network=_network(table, task, "verifier.environment"), gpus=table.gpus,
                       build_timeout_s=float(table.build_timeout_sec))
     kwargs.update(labels=labels, name_hint=f"{task.id}-verify", pids_limit=agent.pids_limit)
     if source.docker_image:
@@ -172,6 +176,14 @@ def seed_refusals(task: Task, config: EnvConfig, agent: Any, *, backend: str, se
     if task.first_step_trajectory is not None and not harbor and not isinstance(agent, Oracle):
         raise SeedRefusedError("the first step ships trajectory.json, which only the oracle may run with",
                                path=task.first_step_trajectory, field=task.steps[0].name, rule="LOAD-20")
+    gpu_tables = [("environment", task.config.environment)] + [
+        (f"steps.{s.name}.verifier.environment", s.verifier_environment) for s in task.steps
+        if s.verifier_environment is not None]
+    for where, table in gpu_tables:
+        if table.gpus and backend != "docker":
+            raise SeedRefusedError(f"{table.gpus} GPU(s) requested but the {backend!r} provider has no GPUs (only "
+                                   "Docker with a GPU runtime passes them through)", path=toml,
+                                   field=f"{where}.gpus", rule="LOAD-24")
     if backend != "docker":
         for step in task.steps:
             if step.agent_user and ":" in step.agent_user:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from harbor_gym.errors import SandboxUnavailableError
+from harbor_gym.sandbox._gpus import GPU_RUNTIME, device_requests, gpu_runtime
 from harbor_gym.sandbox import _netfilter, images
 from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox._engine import storage_driver_support, storage_support, translate_error
@@ -69,6 +70,8 @@ def build_host_config(spec: SandboxSpec, lease_path: Path | str, *, public_netwo
         host_config["storage_opt"] = {"size": f"{storage_size or spec.storage_mb}M"}
     if spec.tmpfs:
         host_config["tmpfs"] = {path: f"size={mb}m" for path, mb in spec.tmpfs.items()}
+    if spec.gpus:
+        host_config["device_requests"] = device_requests(spec.gpus)  # refused first without a GPU runtime
     return host_config
 
 
@@ -91,10 +94,10 @@ class DockerContainerMixin:
 
     def _refuse_unenforceable(self) -> None:
         spec = self.spec
-        if spec.gpus:
+        if spec.gpus and gpu_runtime(self.client.info()) is None:
             raise SandboxUnavailableError(
-                f"sandbox {self.name}: gpus={spec.gpus} requested but the docker backend here is CPU-only",
-                field="gpus", rule="LOAD-24")
+                f"sandbox {self.name}: gpus={spec.gpus} requested but this Docker engine has no GPU runtime "
+                f"('{GPU_RUNTIME}' is not among its runtimes)", field="gpus", rule="LOAD-24")
         if spec.storage_mb is not None:
             support = storage_support(self.client)
             if not support.supported:

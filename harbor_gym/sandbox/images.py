@@ -11,6 +11,12 @@ rewritten through the alias table (so ``FROM debian:bookworm-slim`` builds offli
 ``io.harbor-gym.managed=true`` and ``io.harbor-gym.cache=build``, reused while unchanged and kept across runs
 (``harbor-gym gc --images`` removes them). A build is bounded by the spec's build timeout; a failure raises
 `ImageError` with the end of the build log.
+
+BuildKit: a Dockerfile that needs it (``RUN --mount=...``, ``COPY --chmod``, ...) is built by the engine's BuildKit
+through the same API (`harbor_gym.sandbox._buildkit` says why not the CLI), FROM lines still through the alias
+table; a ``# syntax=`` line whose frontend image is not present locally is dropped with a `BuildWarning`; a heredoc
+on an engine before Docker 23, or a BuildKit Dockerfile on an engine without BuildKit, is refused with a clear,
+non-retryable `ImageError`.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ import re
 import tarfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from harbor_gym.errors import ImageError, SandboxError
+from harbor_gym.sandbox._buildkit import buildkit_build, drop_syntax_line, engine_buildkit, scan_dockerfile
 from harbor_gym.sandbox.base import MANAGED_LABEL, SandboxSettings
 
 if TYPE_CHECKING:
@@ -190,16 +198,21 @@ def _context_files(context: Path, dockerfile: str) -> list[str]:
     return sorted(exclude_paths(str(context), patterns, dockerfile=dockerfile))
 
 
-def _context_tar(context: Path, dockerfile: str, aliases: Mapping[str, str]) -> tuple[bytes, str, list[str]]:
-    """(tar bytes, content hash, external bases) of the context with its Dockerfile rewritten."""
+def _context_tar(context: Path, dockerfile: str, aliases: Mapping[str, str], *, drop_line: int | None = None,
+                 tar_format: int = tarfile.PAX_FORMAT) -> tuple[bytes, str, list[str]]:
+    """(tar bytes, content hash, external bases) of the context with its Dockerfile rewritten (FROM lines through
+    ``aliases``; line ``drop_line``, a ``# syntax=`` directive, blanked)."""
     df_path = context / dockerfile
     if not df_path.is_file():
         raise ImageError(f"no {dockerfile} in the build context", path=context, field="dockerfile")
-    text, bases = rewrite_from_lines(df_path.read_text(encoding="utf-8"), aliases)
+    original = df_path.read_text(encoding="utf-8")
+    if drop_line is not None:
+        original = drop_syntax_line(original, drop_line)
+    text, bases = rewrite_from_lines(original, aliases)
     digest = hashlib.sha256()
     digest.update(repr(sorted(aliases.items())).encode())
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=buf, mode="w", format=tar_format) as tar:
         for rel in _context_files(context, dockerfile):
             full = context / rel
             arc = rel.replace(os.sep, "/")
@@ -246,7 +259,9 @@ def build_image(
     context = Path(context)
     if not context.is_dir():
         raise ImageError("build context is not a folder", path=context, field="build_context")
-    data, digest, bases = _context_tar(context, dockerfile, settings.image_aliases)
+    buildkit, drop_line = _builder_for(client, context, dockerfile)
+    data, digest, bases = _context_tar(context, dockerfile, settings.image_aliases, drop_line=drop_line,
+                                       tar_format=tarfile.GNU_FORMAT if buildkit else tarfile.PAX_FORMAT)
     tag = f"{BUILD_REPO}:{digest}"
     with _cache_lock:
         lock = _build_locks.setdefault(tag, threading.Lock())
@@ -263,21 +278,13 @@ def build_image(
         deadline = time.monotonic() + timeout_s
         lines: list[str] = []
         try:
-            stream = client.api.build(
-                fileobj=io.BytesIO(data), custom_context=True, dockerfile=dockerfile, tag=tag, rm=True,
-                forcerm=True, pull=settings.pull_policy == "always", decode=True, timeout=max(1, int(timeout_s)),
-                labels={MANAGED_LABEL: "true", CACHE_LABEL: "build"},
-            )
-            error = None
-            for chunk in stream:
-                if "stream" in chunk:
-                    lines.extend(chunk["stream"].rstrip("\n").splitlines())
-                if "error" in chunk:
-                    error = chunk["error"]
-                    lines.append(error)
-                if time.monotonic() > deadline:
-                    raise ImageError(f"build exceeded its timeout of {timeout_s:g} s{_tail(lines)}",
-                                     path=context, field="build_timeout_s")
+            if buildkit:
+                error = buildkit_build(client, data, tag=tag, dockerfile=dockerfile, lines=lines,
+                                       labels={MANAGED_LABEL: "true", CACHE_LABEL: "build"},
+                                       timeout_s=timeout_s, deadline=deadline, now=time.monotonic)
+            else:
+                error = _classic_build(client, data, tag=tag, dockerfile=dockerfile, settings=settings,
+                                       timeout_s=timeout_s, deadline=deadline, lines=lines)
         except (requests.exceptions.Timeout, TimeoutError) as exc:
             raise ImageError(f"build exceeded its timeout of {timeout_s:g} s{_tail(lines)}",
                              path=context, field="build_timeout_s") from exc
@@ -294,6 +301,94 @@ def build_image(
             raise ImageError(f"build reported success but {tag} is missing{_tail(lines)}", path=context,
                              field="dockerfile")
         return info
+
+
+def _classic_build(client: "docker.DockerClient", data: bytes, *, tag: str, dockerfile: str,
+                   settings: SandboxSettings, timeout_s: float, deadline: float, lines: list[str]) -> str | None:
+    """The engine's classic builder through the SDK; returns the build's error or ``None``, log lines appended to
+    ``lines``. Raises TimeoutError past ``deadline`` and what the SDK raises."""
+    stream = client.api.build(
+        fileobj=io.BytesIO(data), custom_context=True, dockerfile=dockerfile, tag=tag, rm=True,
+        forcerm=True, pull=settings.pull_policy == "always", decode=True, timeout=max(1, int(timeout_s)),
+        labels={MANAGED_LABEL: "true", CACHE_LABEL: "build"},
+    )
+    error = None
+    for chunk in stream:
+        if "stream" in chunk:
+            lines.extend(chunk["stream"].rstrip("\n").splitlines())
+        if "error" in chunk:
+            error = chunk["error"]
+            lines.append(error)
+        if time.monotonic() > deadline:
+            raise TimeoutError("build deadline")
+    return error
+
+
+class BuildWarning(UserWarning):
+    """A Dockerfile was changed to build here (a ``# syntax=`` frontend that is not available locally dropped)."""
+
+
+_buildkit_cache: dict[int, tuple[bool, int]] = {}
+
+
+def _engine_buildkit(client: "docker.DockerClient") -> tuple[bool, int]:
+    key = id(client)
+    with _cache_lock:
+        hit = _buildkit_cache.get(key)
+    if hit is not None:
+        return hit
+    try:
+        response = client.api._get(client.api._url("/_ping"))
+        answer = engine_buildkit(response.headers)
+    except Exception as exc:  # transport: the engine does not answer (SandboxUnavailableError, retryable)
+        from harbor_gym.sandbox._engine import translate_error
+
+        translate_error(exc, what="ping the engine")
+    with _cache_lock:
+        _buildkit_cache[key] = answer
+    return answer
+
+
+def _builder_for(client: "docker.DockerClient", context: Path, dockerfile: str) -> tuple[bool, int | None]:
+    """(build with BuildKit?, line of a ``# syntax=`` directive to drop or ``None``) for ``context/dockerfile``.
+
+    A Dockerfile that needs BuildKit (`scan_dockerfile`: ``RUN --mount``, ``COPY --chmod``, ...) is built with it
+    when the engine has it. A ``# syntax=`` frontend image that is not present locally is dropped with a
+    `BuildWarning` (fetching it would leave the machine); one that is present is kept and built with BuildKit.
+
+    Raises:
+        ImageError (not retryable): the Dockerfile needs BuildKit and the engine has none; a heredoc, which the
+            built-in Dockerfile frontend of a Docker engine before 23 cannot parse.
+    """
+    path = context / dockerfile
+    if not path.is_file():
+        return False, None
+    scan = scan_dockerfile(path.read_text(encoding="utf-8"))
+    drop = None
+    keep_syntax = False
+    if scan.syntax is not None:
+        frontend, line = scan.syntax
+        if _inspect(client, frontend) is None:
+            warnings.warn(BuildWarning(f"{path}:{line}: '# syntax={frontend}' dropped: that frontend image is not "
+                                       "present on this engine and builds stay offline; the engine's built-in "
+                                       "Dockerfile frontend builds it"), stacklevel=3)
+            drop = line
+        else:
+            keep_syntax = True
+    if scan.needs is None and not keep_syntax:
+        return False, drop
+    has_buildkit, major = _engine_buildkit(client)
+    why = scan.needs or f"line {scan.syntax[1]}: '# syntax=' frontend"
+    if not has_buildkit:
+        raise ImageError(f"{dockerfile} needs BuildKit ({why}) and this engine offers none (a Linux Docker engine "
+                         "with API 1.39+ has it); rewrite the Dockerfile without BuildKit features or use such an "
+                         "engine", path=context, field="dockerfile")
+    if scan.heredoc_line is not None and not keep_syntax and 0 < major < 23:
+        raise ImageError(f"{dockerfile} line {scan.heredoc_line} uses a heredoc (RUN <<EOF), which the built-in "
+                         f"Dockerfile frontend of this Docker {major} engine cannot parse (it needs Docker 23+ or a "
+                         "'# syntax=docker/dockerfile:1.4' frontend image present locally); write the script to a "
+                         "file and COPY it, or use printf", path=context, field="dockerfile")
+    return True, drop
 
 
 def _tail(lines: list[str]) -> str:

@@ -97,3 +97,87 @@ def test_load_23_host_variable_outside_the_allowlist_is_refused_at_seed(tmp_path
         assert reward == 1.0 and terminated
     finally:
         env.close()
+
+
+DOCKERFILE_TOML = """\
+schema_version = "1.4"
+[environment]
+workdir = "/app"
+network_mode = "no-network"
+[agent]
+timeout_sec = 20
+[verifier]
+timeout_sec = 20
+"""
+
+MOUNT_DOCKERFILE = """\
+# syntax=docker/dockerfile:1.4
+FROM debian:bookworm-slim
+RUN --mount=type=bind,source=seed.txt,target=/tmp/seed.txt cp /tmp/seed.txt /opt/seed.txt
+RUN --mount=type=cache,target=/var/cache/hg-test echo cached > /var/cache/hg-test/x \\
+    && ls /var/cache/hg-test > /opt/cache-list
+WORKDIR /app
+"""
+
+
+def _dockerfile_task(tmp_path, name: str, dockerfile: str, check: str):
+    return write_task(tmp_path, {"task.toml": DOCKERFILE_TOML, "instruction.md": "Do it.\n",
+                                 "environment/Dockerfile": dockerfile, "environment/seed.txt": "from-context\n",
+                                 "tests/test.sh": "#!/bin/bash\nif " + check + "; then echo 1; else echo 0; fi "
+                                                  "> /logs/verifier/reward.txt\n"}, name)
+
+
+def test_run_mount_dockerfile_builds_with_buildkit_offline(tmp_path, no_leaks):
+    # Issue 16 item 2 must-hold: a RUN --mount Dockerfile builds (BuildKit through the engine's API), FROM through
+    # the alias table, the unavailable '# syntax=' frontend dropped with a warning; the bind mount leaves no trace
+    from harbor_gym.sandbox.images import BuildWarning
+
+    check = '[ "$(cat /opt/seed.txt)" = from-context ] && [ ! -e /tmp/seed.txt ] && [ "$(cat /opt/cache-list)" = x ]'
+    task = _dockerfile_task(tmp_path, "mount-task", MOUNT_DOCKERFILE, check)
+    env = HarborEnv(task, config=DOCKER)
+    try:
+        with pytest.warns(BuildWarning, match="syntax=docker/dockerfile:1.4"):
+            env.reset()
+        _, reward, terminated, _, _ = env.step(":")
+        assert reward == 1.0 and terminated
+    finally:
+        env.close()
+
+
+def test_heredoc_dockerfile_is_refused_with_a_clear_message(tmp_path, docker_client, no_leaks):
+    # Issue 16 item 2: a heredoc, which Docker 20.10's built-in frontend cannot parse, is refused, not retried
+    from harbor_gym import SeedError
+
+    version = docker_client.version()["Version"]
+    if int(version.split(".")[0]) >= 23:
+        pytest.skip(f"Docker {version}'s built-in frontend parses heredocs")
+    task = _dockerfile_task(tmp_path, "heredoc-task", "FROM debian:bookworm-slim\nRUN <<EOF\necho hi > /x\nEOF\n",
+                            "true")
+    env = HarborEnv(task, config=DOCKER)
+    try:
+        with pytest.raises(SeedError) as caught:
+            env.reset()
+        assert not caught.value.retryable
+        assert "line 2 uses a heredoc" in str(caught.value) and "cannot parse" in str(caught.value)
+    finally:
+        env.close()
+
+
+def test_gpu_task_is_refused_at_seed_without_a_gpu_runtime(tmp_path, docker_client, no_leaks):
+    # Issue 16 item 2: `gpus` passes through only with a GPU runtime; else refused at seed (LOAD-24), saying so
+    from harbor_gym.sandbox._gpus import gpu_runtime
+
+    if gpu_runtime(docker_client.info()) is not None:
+        pytest.skip("this engine has a GPU runtime: the task would run")
+    task = write_task(tmp_path, {"task.toml": toml(env="gpus = 1"), "instruction.md": "Do it.\n",
+                                 "tests/test.sh": REWARD_1}, "gpu-task")
+    for backend in ("docker", "local"):
+        env = HarborEnv(task, config={**DOCKER, "backend": backend})
+        try:
+            with pytest.raises(SeedRefusedError) as caught:
+                env.reset()
+            assert caught.value.rule == "LOAD-24" and caught.value.field == "environment.gpus"
+            assert ("no GPU runtime" if backend == "docker" else "'local' provider has no GPUs") in str(caught.value)
+        finally:
+            env.close()
+        assert labelled_containers(docker_client) == []  # refused before any sandbox
