@@ -38,6 +38,13 @@ def _storage_exceeded(sb: Any) -> bool:
         return False
 
 
+def _stopped(sb: Any) -> bool:
+    try:
+        return getattr(sb, "state", None) is SandboxState.STOPPED
+    except Exception:
+        return False
+
+
 def agent_outage_cause(sb: Any) -> str | None:
     """GYM-12: why the agent's sandbox ``sb`` failed, when its own processes are to blame; ``None`` otherwise.
 
@@ -45,25 +52,24 @@ def agent_outage_cause(sb: Any) -> str | None:
     engine) a sandbox that no longer runs and that we did not stop ``died``, and a live one that cannot run
     ``true`` as root ``cannot_run_commands``. Never raises.
     """
-    if sb is None:
+    if sb is None or _stopped(sb):  # a sandbox this process stopped (close, a pool's retire) never counts
         return None
     if _storage_exceeded(sb):
         return "storage_exceeded"
     report = getattr(sb, "outage_report", None)
     if callable(report):
         try:
-            return report()
+            cause = report()
         except Exception:
             return None
+        return None if _stopped(sb) else cause
     try:
-        if getattr(sb, "state", None) is SandboxState.STOPPED:
-            return None
         if not sb.is_alive():
             return "died"
         res = sb.exec(["true"], timeout=_PROBE_S, user="root")
     except Exception:
-        return "cannot_run_commands"
-    return None if res.ok else "cannot_run_commands"
+        return None if _stopped(sb) else "cannot_run_commands"
+    return None if res.ok or _stopped(sb) else "cannot_run_commands"
 
 
 class WatchedExec:

@@ -61,37 +61,42 @@ def _writer_task(tmp_path, *, mode: str | None = None):
                       name=f"writer-{mode or 'default'}")
 
 
-# SPEC: TURN-10, VER-7 (P1 condition: without the option, a shared-mode background writer beats the verifier)
+# SPEC: TURN-10, VER-7, GYM-11 (P1 condition: with the freeze turned off, a shared-mode background writer beats the
+# verifier)
 @pytest.mark.docker
 def test_p1_background_writer_wins_in_shared_mode_without_freeze(tmp_path):
-    results, _ = run_episode(_writer_task(tmp_path), [WRITER, ":"], config())
-    # This is why the option exists: documented in README's guarantees as a condition of P1.
+    results, _ = run_episode(_writer_task(tmp_path), [WRITER, ":"], config(freeze_agent_during_verify=False))
+    # This is why the freeze is on by default: README's guarantees state it as a condition of P1.
     assert [r.record.reward for r in results] == [1.0, 1.0]
 
 
-# SPEC: TURN-10, VER-7, TURN-6 (P1: freeze_agent_during_verify stops turn 1's writer during the verifiers of turns 1
-# and 2; the writer is resumed afterwards, and processes setup.sh started are never stopped)
+# SPEC: TURN-10, VER-7, TURN-6, GYM-11 (P1 with no options: the default freeze stops turn 1's writer during the
+# verifiers of turns 1 and 2, and a setup.sh ticker too (it holds no listening socket); both are resumed after
+# each verifier, before the next activation)
 @pytest.mark.parametrize("backend", _backends())
 def test_p1_freeze_defeats_a_background_writer_across_turns(tmp_path, backend):
     probe = ("#!/bin/bash\nif [ -f /app/done ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
-             # the setup-started ticker must keep running while the verifier runs (not frozen)
-             "a=$(cat /app/ticks); sleep 0.6; b=$(cat /app/ticks); [ \"$a\" != \"$b\" ] && touch /app/ticker-ran\n"
+             # the setup-started ticker is stopped while the verifier runs
+             "a=$(cat /app/ticks); sleep 0.6; b=$(cat /app/ticks); [ \"$a\" = \"$b\" ] && touch /app/ticker-frozen\n"
              "sleep 0.5\n")
     setup = "nohup sh -c 'while :; do date +%s%N > /app/ticks; sleep 0.1; done' >/dev/null 2>&1 &\n"
     task = write_task(tmp_path, {"task.toml": toml(["s1", "s2"]), "tests/test.sh": probe,
                                  "steps/s1/workdir/setup.sh": setup}, name="freeze")
-    check = ("test -f /app/ticker-ran && echo ticker-ok; rm -f /logs/verifier/reward.txt; sleep 0.5; "
-             "test -f /logs/verifier/reward.txt && echo writer-alive")
-    results, final = run_episode(task, [WRITER, check], config(backend, freeze_agent_during_verify=True))
+    check = ("test -f /app/ticker-frozen && echo ticker-frozen; a=$(cat /app/ticks); "
+             "rm -f /logs/verifier/reward.txt; sleep 0.5; test -f /logs/verifier/reward.txt && echo writer-alive; "
+             "[ \"$a\" != \"$(cat /app/ticks)\" ] && echo ticker-resumed")
+    results, final = run_episode(task, [WRITER, check], config(backend))
     assert [r.record.reward for r in results] == [0.0, 0.0], [r.record for r in results]
     assert all(r.record.reward_valid for r in results) and final.reward == 0.0
-    # turn 2's agent saw that the ticker ran during verifier 1 and that the writer was resumed after it
-    assert "ticker-ok" in results[1].record.output_tail and "writer-alive" in results[1].record.output_tail
+    # turn 2's agent saw that the ticker was stopped during verifier 1, and that writer and ticker run again
+    tail = results[1].record.output_tail
+    assert "ticker-frozen" in tail and "writer-alive" in tail and "ticker-resumed" in tail, tail
 
 
 # SPEC: VER-3 (P1: in separate mode the verifier's sandbox is fresh: a background writer cannot reach it)
 @pytest.mark.docker
 def test_p1_separate_mode_defeats_a_background_writer_without_the_option(tmp_path):
-    results, final = run_episode(_writer_task(tmp_path, mode="separate"), [WRITER, ":"], config())
+    results, final = run_episode(_writer_task(tmp_path, mode="separate"), [WRITER, ":"],
+                                 config(freeze_agent_during_verify=False))
     assert [r.record.reward for r in results] == [0.0, 0.0]
     assert all(r.record.verifier_mode == "separate" for r in results) and final.reward == 0.0

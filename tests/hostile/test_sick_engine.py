@@ -121,7 +121,8 @@ def _labelled(eng) -> list:
         client.close()
 
 
-# SPEC: STOP-8, GYM-7 (P2/P3: an engine restarted mid-turn ends the turn truncated and retryable; nothing is left)
+# SPEC: STOP-8, GYM-7, GYM-12 (P2/P3: an engine restarted mid-turn ends the turn truncated and retryable, not
+# agent-caused; nothing is left)
 def test_p2_engine_restarted_in_the_middle_of_a_turn(tmp_path, engine):
     cfg = config()
     client = engine.client()
@@ -148,6 +149,7 @@ def test_p2_engine_restarted_in_the_middle_of_a_turn(tmp_path, engine):
     assert restarted.is_set()
     assert result.truncated and not result.terminated and took < 25
     assert result.record.failure_kind == OUTAGE and result.record.reward is None
+    assert not result.record.agent_caused and result.record.outage_cause is None  # GYM-12: never the agent's
     assert result.episode is not None and result.episode.retryable and not result.episode.graded
     end = time.monotonic() + 30
     while _labelled(engine) and time.monotonic() < end:
