@@ -549,3 +549,19 @@ def test_replaced_tar_cannot_fill_the_host_at_the_next_upload(settings):
             sb.put_bytes(b"data", "/tmp/after-flood")
         assert time.monotonic() - t0 < 30
         assert "exit 250" in str(info.value), info.value
+
+
+# SPEC: GYM-10
+def test_root_cannot_set_host_wide_kernel_settings(settings):
+    # Root in a local sandbox is uid 0 of the host's user namespace: a writable /proc/sys would let it set
+    # kernel.core_pattern to a program the host's kernel runs as host root at the next crash. It is read-only, as
+    # in Docker (the test writes back the value already there, so a failure changes nothing on the host).
+    with LocalSandbox(SandboxSpec(image=BASE_IMAGE), settings) as sb:
+        r = sb.exec('v=$(cat /proc/sys/kernel/core_pattern); (printf "%s\\n" "$v" > /proc/sys/kernel/core_pattern) '
+                    '2>&1; echo rc=$?; (echo 1 > /proc/sys/vm/drop_caches) 2>&1; echo rc=$?', timeout=30)
+        assert r.stdout.count("Read-only file system") == 2 and "rc=0" not in r.stdout, r
+        # masked host-wide information, as Docker masks it
+        r = sb.exec("cat /proc/keys 2>/dev/null | wc -c; ls -A /sys/firmware 2>/dev/null | wc -l", timeout=30)
+        assert r.stdout.split() == ["0", "0"], r
+        # and what is per sandbox still reads as the sandbox's own
+        assert sb.exec("cat /proc/sys/kernel/hostname", timeout=30).stdout.strip() == sb.name[:63]

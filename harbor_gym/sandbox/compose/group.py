@@ -2,8 +2,8 @@
 COMPOSE-1..3).
 
 Start: one labelled, ``internal`` bridge network of the group (services reach each other by name, nothing reaches
-out through it; with the task's network on, every service also joins the shared, host-filtered public network for
-egress, GYM-10), the declared named volumes (labelled), then every service in
+out through it; with the task's network on, service ``main`` also joins the shared, host-filtered public network
+for egress, GYM-10), the declared named volumes (labelled), then every service in
 ``depends_on`` order, each a `ServiceSandbox` (a `DockerSandbox`), waiting for ``condition: service_healthy``
 through the engine's healthcheck status before starting a dependent. ``main`` is the agent's sandbox; its spec
 (workdir, env, user, sizes) may come from the caller (`main_spec`). Sidecar sizes follow COMPOSE-2; sidecar
@@ -66,9 +66,11 @@ class ComposeGroup:
             Unset fields fall back to the compose file's (env: the compose env with the spec's laid over it;
             pids_limit: the tighter of the spec's and the compose file's). ``None``: everything from the compose
             file.
-        network: ``True`` gives every service a route out through the shared public network
+        network: ``True`` gives service ``main`` a route out through the shared public network
             (`harbor_gym.sandbox._netfilter`: no host service, no other sandbox); the group's own network is
-            internal either way, and the services reach each other by name on it.
+            internal either way, and the services reach each other by name on it. Sidecars get no route out:
+            on the shared network the engine's DNS would answer a service name with an address there, where
+            inter-container traffic is off.
         sidecar_storage_mb: the writable size bound of each sidecar (`EnvConfig.default_storage_mb`, GYM-10);
             ``None``: unbounded. Service ``main`` takes ``main_spec``'s.
         labels: extra labels on every resource.
@@ -253,7 +255,7 @@ class ComposeGroup:
         else:
             spec = SandboxSpec(
                 **image, build_timeout_s=self.build_timeout_s, workdir=service.working_dir, env=service.env,
-                user=service.user, cpus=size.cpus, pids_limit=size.pids, network=self.network_enabled,
+                user=service.user, cpus=size.cpus, pids_limit=size.pids, network=False,
                 storage_mb=self.sidecar_storage_mb, labels=member_labels, name_hint=hint)
         return ServiceSandbox(spec, self.settings, service=service, network=self.name, volumes=self._volumes,
                               memory_bytes=memory_bytes, follow_service=not service.is_main,

@@ -146,6 +146,9 @@ def _mount_sys(cfg):
     sys_dir = os.path.join(cfg["dir"], "sys")
     os.makedirs(sys_dir, exist_ok=True)
     _mount("sysfs", sys_dir, "sysfs", "", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    firmware = os.path.join(sys_dir, "firmware")
+    if os.path.isdir(firmware):  # masked, as Docker masks it (the host's firmware tables)
+        _mount("tmpfs", firmware, "tmpfs", "size=4k,mode=0755", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     binds = cfg["cgroup_binds"]
     cg_dir = os.path.join(sys_dir, "fs", "cgroup")
     if binds and os.path.isdir(cg_dir):

@@ -86,6 +86,31 @@ def local_unavailable_reason() -> str | None:
     return None
 
 
+#: Read-only in /proc, as Docker keeps them: the kernel's global settings. Root in a local sandbox is uid 0 of the
+#: host's user namespace, so a writable /proc/sys would let it set e.g. kernel.core_pattern, a program the host's
+#: kernel then runs as host root (GYM-10).
+_PROC_READ_ONLY = ("sys", "sysrq-trigger", "fs", "irq", "bus")
+#: Masked in /proc, as Docker masks them (host-wide information): /dev/null over files, an empty tmpfs over folders.
+_PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "timer_stats", "acpi", "scsi")
+
+
+def _proc_guard_args() -> list[str]:
+    """bwrap arguments (after ``--proc /proc``) that make `_PROC_READ_ONLY` read-only and mask `_PROC_MASKED`.
+    Only what this kernel has (bwrap cannot create entries in procfs). /proc/sys is the host's procfs view bound
+    read-only: its entries are global or resolve to the reader's own namespaces (net, ipc, uts), as in Docker."""
+    args: list[str] = []
+    for name in _PROC_READ_ONLY:
+        if os.path.exists(f"/proc/{name}"):
+            args += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
+    for name in _PROC_MASKED:
+        path = f"/proc/{name}"
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    return args
+
+
 def _slug(text: str) -> str:
     return (re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "sandbox")[:30]
 
@@ -243,7 +268,7 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         prefix += ["--cap-drop", "ALL"]
         for cap in _CAPS:
             prefix += ["--cap-add", f"CAP_{cap.upper()}"]
-        args = ["--proc", "/proc", "--dev", "/dev"]
+        args = ["--proc", "/proc", *_proc_guard_args(), "--dev", "/dev"]
         for mount, size in sorted(spec.tmpfs.items()):
             args += ["--size", str(int(size) * 1024 * 1024), "--tmpfs", mount]
         args += ["--chdir", "/", "--", "/bin/sh", "-c", "exec sleep infinity"]
