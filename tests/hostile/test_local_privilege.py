@@ -565,3 +565,19 @@ def test_root_cannot_set_host_wide_kernel_settings(settings):
         assert r.stdout.split() == ["0", "0"], r
         # and what is per sandbox still reads as the sandbox's own
         assert sb.exec("cat /proc/sys/kernel/hostname", timeout=30).stdout.strip() == sb.name[:63]
+
+
+# SPEC: GYM-10
+def test_commands_do_not_share_the_trainers_session_keyring(settings):
+    # Root in a local sandbox is host uid 0: in the trainer's session keyring it could read or plant keys. Every
+    # command (and the sandbox's PID 1) joins a fresh one.
+    import ctypes
+
+    sys_keyctl = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+    if sys_keyctl is None:
+        pytest.skip("keyctl number unknown on this machine")
+    ours = ctypes.CDLL(None).syscall(sys_keyctl, 0, -3, 0)  # KEYCTL_GET_KEYRING_ID of @s
+    probe = f"import ctypes; print(ctypes.CDLL(None).syscall({sys_keyctl}, 0, -3, 0))"
+    with LocalSandbox(SandboxSpec(image=BASE_IMAGE), settings) as sb:
+        ids = {int(sb.exec(["python3", "-c", probe], timeout=30, user=u).stdout) for u in ("root", "root", "nobody")}
+    assert ours > 0 and ours not in ids and len(ids) == 3, (ours, ids)

@@ -214,6 +214,10 @@ def _reap_all(deadline):
 
 def main():
     cfg = json.loads(sys.argv[1])
+    # A fresh session keyring for the keeper and so for bwrap and the sandbox's PID 1: not the trainer's.
+    sys_keyctl = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+    if sys_keyctl is not None:
+        _libc.syscall(sys_keyctl, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
     # Orphans of bwrap (its PID 1 once bwrap is killed) are re-parented here and reaped before we exit.
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

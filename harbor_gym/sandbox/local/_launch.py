@@ -14,7 +14,8 @@ part of it:
    read source files) — errors go out as a fixed message with ``os.write`` and ``os._exit``;
 4. fork (joining the PID namespace takes effect for children only; both processes are non-dumpable, so no process
    of the sandbox can ptrace the child or open its ``/proc`` files before its ``execve``); the child, still touching
-   no path, drops the capability bounding set to the sandbox's set (Docker's default set minus ``mknod``), clears
+   no path, joins a fresh session keyring (not the trainer's), drops the capability bounding set to the sandbox's
+   set (Docker's default set minus ``mknod``), clears
    the ambient and inheritable sets, sets the supplementary groups, gid and uid, restores the default signal
    dispositions, and only then ``execve``s the command (searching ``PATH`` like ``execvp``). So the kernel opens the
    sandbox's binary, its ``ld.so``, its libc and its ``/etc/ld.so.preload`` with the command's own credentials:
@@ -47,6 +48,11 @@ _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAP_VERSION_3 = 0x20080522
+#: keyctl(2) by machine, and KEYCTL_JOIN_SESSION_KEYRING: the command gets a fresh, empty session keyring instead
+#: of the trainer's (root in the sandbox is host uid 0 and could read or change the trainer's session keys).
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_syscall = _libc.syscall
 _CAP_LAST = 63
 #: setns(2) flags, in the order the namespaces are joined (mount last: the root fd is used right after it).
 _NAMESPACES = (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000), ("pid", 0x20000000),
@@ -75,7 +81,9 @@ def _die(code, what, err):
 
 
 def _drop(uid, gid, groups, keep_caps):
-    """In the child: bounding set, ambient, groups, gid, uid, inheritable; touches no path."""
+    """In the child: session keyring, bounding set, ambient, groups, gid, uid, inheritable; touches no path."""
+    if _SYS_KEYCTL is not None and _syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        _die(126, b"cannot leave the session keyring", _errno())
     for cap in range(_CAP_LAST + 1):
         if not (keep_caps >> cap) & 1:
             if _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and _errno() != 22:  # EINVAL: no such cap here
