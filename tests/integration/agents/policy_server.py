@@ -13,6 +13,8 @@ The policy reads the conversation, so it answers the same in any process that ca
 - ``policy-loop``: never stops (always one more ``bash`` call, ``echo again``);
 - ``policy-slow``: like ``policy-loop`` but each answer takes 1 s.
 
+A request with ``stream: true`` gets the same answer as vLLM streams it (server-sent ``chat.completion.chunk``s).
+
 Tokens come from a toy tokenizer that renders each message as ``[role id] + bytes of its text``, so the next call's
 prompt ids extend the previous prompt + completion exactly (one token segment per conversation). Logprobs are
 distinct floats derived from position and seed. Every request body is kept in ``server.requests``.
@@ -28,7 +30,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 ROLE_IDS = {"system": 1, "user": 2, "assistant": 3, "tool": 4}
 
@@ -105,7 +107,12 @@ class PolicyServer:
         messages = body["messages"]
         text_mode = model == "policy-text"
         assistant = self._next(messages, text_mode=text_mode, loop=model in ("policy-loop", "policy-slow"))
-        return JSONResponse(self._response(body, messages, assistant))
+        full = self._response(body, messages, assistant)
+        if body.get("stream"):
+            return StreamingResponse(_sse(full, include_usage=bool((body.get("stream_options") or {})
+                                                                   .get("include_usage"))),
+                                     media_type="text/event-stream")
+        return JSONResponse(full)
 
     def _next(self, messages: list[dict[str, Any]], *, text_mode: bool, loop: bool) -> dict[str, Any]:
         last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
@@ -152,6 +159,52 @@ class PolicyServer:
             out["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = completion_ids
         return out
+
+
+def _sse(full: dict[str, Any], *, include_usage: bool):
+    """The response as vLLM streams it: a first chunk with the role and ``prompt_token_ids``, the text, tool call
+    and token ids/logprobs cut into three pieces, a chunk with the finish reason, the usage chunk, ``[DONE]``."""
+    choice = full["choices"][0]
+    message = choice["message"]
+    base = {"id": full["id"], "object": "chat.completion.chunk", "created": full["created"], "model": full["model"]}
+
+    def chunk(delta: dict[str, Any], **extra: Any) -> str:
+        return "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": delta, **extra}]}) + "\n\n"
+
+    first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    if "prompt_token_ids" in full:
+        first["prompt_token_ids"] = full["prompt_token_ids"]
+    yield "data: " + json.dumps(first) + "\n\n"
+    ids = choice.get("token_ids")
+    lps = (choice.get("logprobs") or {}).get("content")
+    text = message.get("content") or ""
+    calls = message.get("tool_calls") or []
+    args = calls[0]["function"]["arguments"] if calls else ""
+    for part in range(3):
+        def cut(seq):
+            n = len(seq)
+            return seq[n * part // 3: n * (part + 1) // 3]
+
+        delta: dict[str, Any] = {}
+        if text:
+            delta["content"] = cut(text)
+        if calls:
+            fn: dict[str, Any] = {"arguments": cut(args)}
+            tc: dict[str, Any] = {"index": 0, "function": fn}
+            if part == 0:
+                tc.update(id=calls[0]["id"], type="function")
+                fn["name"] = calls[0]["function"]["name"]
+            delta["tool_calls"] = [tc]
+        extra: dict[str, Any] = {}
+        if ids is not None:
+            extra["token_ids"] = cut(ids)
+        if lps is not None:
+            extra["logprobs"] = {"content": cut(lps)}
+        yield chunk(delta, **extra)
+    yield chunk({}, finish_reason=choice["finish_reason"])
+    if include_usage:
+        yield "data: " + json.dumps({**base, "choices": [], "usage": full["usage"]}) + "\n\n"
+    yield "data: [DONE]\n\n"
 
 
 def _tool_call(n: int, command: str) -> dict[str, Any]:

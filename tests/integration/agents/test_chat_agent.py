@@ -221,3 +221,20 @@ def test_a_model_that_never_stops_is_cut_at_the_turn_budget(tmp_path, server, no
     assert record.agent_status == "timeout" and record.reward == 0.0
     assert 2 <= len(record.model_calls) <= 5
     assert record.timings["agent"] < 6 and elapsed < 20
+
+
+def test_streamed_answers_give_the_same_model_calls(tmp_path, server, no_leaks):
+    # SPEC: GYM-13 — stream=True: chunks joined, prompt_token_ids of the first chunk, token_ids and logprobs of every
+    # chunk concatenated, exactly the data of the unstreamed answer.
+    env = HarborEnv(chat_task(tmp_path), config=DOCKER)
+    try:
+        rewards, infos = run_episode(env, ChatAgent("policy", server.url, stream=True))
+    finally:
+        env.close()
+    assert rewards == [1.0, 1.0]
+    assert all(r["stream"] is True and r["stream_options"] == {"include_usage": True} for r in server.requests)
+    records = [i["turn"] for i in infos]
+    check_calls_as_sent(records[0], server.requests[:4])
+    check_calls_as_sent(records[1], server.requests[4:])
+    assert records[0].model_calls[0].tool_calls[0]["arguments"] == '{"command": "echo alpha > /app/a.txt"}'
+    assert records[0].model_calls[-1].finish_reason == "stop"
