@@ -40,7 +40,6 @@ from harbor_gym.episode._turnstate import (
     HEALTHCHECK_FAILED,
     SETUP_FAILED,
     WORKDIR_FAILED,
-    _HOUSEKEEPING_S,
     _timed,
     _Turn,
     one_line,
