@@ -152,7 +152,7 @@ class _SeedPhase:
                     f" MiB) cannot be bounded on this engine: {support.reason}. Give the engine such a data root "
                     "(scripts/setup-host.sh does), or lift the bound with EnvConfig(default_storage_mb=None) for a "
                     "task that sets no storage_mb", path=self.task.path / "task.toml", field=field, rule="GYM-10")
-        if any(s.network for s in specs):
+        if any(s.network for s in specs) or not self._main_from_factory():  # a group's bridge needs the filter too
             from harbor_gym.sandbox._engine import get_client
             from harbor_gym.sandbox._netfilter import REACHABLE_WITHOUT_FILTER, public_network
 
@@ -160,8 +160,8 @@ class _SeedPhase:
             if not net.filtered:
                 if self.config.unfiltered_network == "refuse":
                     raise SeedRefusedError(
-                        f"the task's network is public but harbor_gym cannot filter it from the host here "
-                        f"({net.unfiltered_reason}), so its sandbox would reach {REACHABLE_WITHOUT_FILTER}; run as "
+                        f"the task's network is public (or a compose group's) but harbor_gym cannot filter it from "
+                        f"the host here ({net.unfiltered_reason}), so its sandbox would reach {REACHABLE_WITHOUT_FILTER}; run as "
                         "root on the engine's host, set network_mode = 'no-network', or accept it with "
                         "EnvConfig(unfiltered_network='allow')", path=self.task.path / "task.toml",
                         field="environment.network_mode", rule="GYM-10")

@@ -11,7 +11,9 @@ On a local engine (the bridge interface is in this process's network namespace) 
 idempotently, with the host's ``iptables``/``ip6tables`` (the host firewall, not the Docker CLI):
 
 - ``INPUT -i hg-public0 -j DROP`` (IPv4 and IPv6), first in the chain: nothing a sandbox sends to the host itself
-  (the bridge gateway, any host IP, services bound on 0.0.0.0) is accepted;
+  (the bridge gateway, any host IP, services bound on 0.0.0.0) is accepted; the same for every compose group's
+  bridge (``hgg-<random>``, `group_bridge_name`): Docker gives even an ``internal`` network a gateway address on
+  the host, through which the host's services would otherwise answer;
 - in ``DOCKER-USER`` (else ``FORWARD``): drops of traffic from the bridge back into it, into ``docker0`` and
   ``br-*`` bridges (other Docker networks' containers) and of anything destination-NATed (another container's
   published port reached through a host address); IPv6 forwarding from the bridge is dropped too.
@@ -42,8 +44,8 @@ from harbor_gym.sandbox.base import MANAGED_LABEL
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["PUBLIC_NETWORK", "BRIDGE_IFACE", "SHARED_LABEL", "PublicNetwork", "public_network", "forget",
-           "filter_rules", "REACHABLE_WITHOUT_FILTER"]
+__all__ = ["PUBLIC_NETWORK", "BRIDGE_IFACE", "GROUP_IFACE_PREFIX", "SHARED_LABEL", "PublicNetwork",
+           "public_network", "forget", "filter_rules", "group_bridge_name", "REACHABLE_WITHOUT_FILTER"]
 
 log = logging.getLogger("harbor_gym.sandbox")
 
@@ -51,6 +53,8 @@ log = logging.getLogger("harbor_gym.sandbox")
 PUBLIC_NETWORK = "harbor-gym-public"
 #: Its bridge interface on the engine's host (≤ 15 characters).
 BRIDGE_IFACE = "hg-public0"
+#: Prefix of every compose group's bridge interface (the host rules match ``hgg-+``).
+GROUP_IFACE_PREFIX = "hgg-"
 #: Marks a resource shared by every run (``harbor-gym gc`` removes it only while unused).
 SHARED_LABEL = "io.harbor-gym.shared"
 #: What a public-network sandbox still reaches when the host filter is not installed (for messages and logs).
@@ -84,9 +88,20 @@ class PublicNetwork:
         return self.unfiltered_reason is None
 
 
+def group_bridge_name() -> str:
+    """A fresh bridge interface name for a compose group's network (``hgg-`` + 10 hex digits, ≤ 15 characters)."""
+    import secrets
+
+    return GROUP_IFACE_PREFIX + secrets.token_hex(5)
+
+
 def filter_rules(iface: str = BRIDGE_IFACE, *, forward_chain: str = "DOCKER-USER") -> list[tuple[str, str, list[str]]]:
     """The host rules of the filter, pure: ``(binary, chain, rule)`` in insertion order (each goes first)."""
+    groups = GROUP_IFACE_PREFIX + "+"
     return [
+        ("iptables", "INPUT", ["-i", groups, "-j", "DROP"]),
+        ("ip6tables", "INPUT", ["-i", groups, "-j", "DROP"]),
+        ("iptables", forward_chain, ["-i", groups, "-m", "conntrack", "--ctstate", "DNAT", "-j", "DROP"]),
         ("iptables", "INPUT", ["-i", iface, "-j", "DROP"]),
         ("ip6tables", "INPUT", ["-i", iface, "-j", "DROP"]),
         ("ip6tables", "FORWARD", ["-i", iface, "-j", "DROP"]),

@@ -301,3 +301,59 @@ def test_gym_10_two_sub_envs_and_another_network_cannot_reach_each_other(tmp_pat
             assert f"blocked {ip_b}:8000" in probe_a and f"blocked {other_ip}:8000" in probe_a, probe_a
     finally:
         docker_client.api.remove_container(other, force=True)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("public", [True, False], ids=["public", "no-network"])
+def test_gym_10_a_compose_group_reaches_its_sidecar_but_no_host_service(public, tmp_path, docker_client):
+    # SPEC: GYM-10, COMPOSE-1 — main of a compose group reaches its sidecar by name on the group's internal network,
+    # but no host service: Docker gives even an internal network a gateway on the host, so every group bridge
+    # (hgg-*) is dropped at the host's INPUT; a public group's egress is the shared, host-filtered network
+    from harbor_gym.sandbox.compose import ComposeGroup
+    from harbor_gym.task.compose import parse_compose_text
+
+    env = tmp_path / "environment"
+    env.mkdir()
+    text = (f"services:\n  main:\n    image: {BASE_IMAGE}\n  web:\n    image: {BASE_IMAGE}\n"
+            "    command: [\"python3\", \"-m\", \"http.server\", \"8000\"]\n")
+    (env / "docker-compose.yaml").write_text(text)
+    compose = parse_compose_text(text, path=env / "docker-compose.yaml")
+    anyv4 = _Server("0.0.0.0")
+    group = ComposeGroup(compose, settings=_settings(), network=public, name_hint="group-net",
+                         sidecar_storage_mb=1024)
+    try:
+        group.start()
+        bridge = docker_client.api.inspect_network(group.name)
+        assert bridge["Internal"] and bridge["Options"]["com.docker.network.bridge.name"].startswith("hgg-")
+        gateway = bridge["IPAM"]["Config"][0]["Gateway"]
+        targets = [f"{ip}:{anyv4.port}" for ip in {*_host_addresses(), gateway}]
+        socket.create_connection((gateway, anyv4.port), timeout=2).close()  # positive control from the host
+        for _ in range(30):  # the sidecar's server needs a moment
+            if _reached(group.main, ["web:8000"]):
+                break
+        assert _reached(group.main, ["web:8000"]) == ["web:8000"]
+        assert _reached(group.main, targets) == []
+        main_nets = docker_client.api.inspect_container(group.main.container_id)["NetworkSettings"]["Networks"]
+        assert set(main_nets) == ({group.name, "harbor-gym-public"} if public else {group.name})
+        web = docker_client.api.inspect_container(group.service("web").container_id)
+        assert set(web["NetworkSettings"]["Networks"]) == {group.name}  # sidecars get no route out
+        assert "size" in (web["HostConfig"].get("StorageOpt") or {})  # sidecars get the default storage bound
+    finally:
+        group.stop()
+        anyv4.close()
+
+
+@pytest.mark.docker
+def test_gym_10_the_sandbox_layer_refuses_an_unfiltered_public_network(monkeypatch, docker_client):
+    # SPEC: GYM-10 — defence in depth below the episode: a public DockerSandbox whose network cannot be filtered
+    # (simulated) is refused at start unless its settings allow it; nothing is left behind
+    from harbor_gym.errors import SandboxUnavailableError
+
+    unfiltered = _netfilter.PublicNetwork("harbor-gym-public", None, "simulated: not root")
+    monkeypatch.setattr(_netfilter, "public_network", lambda client: unfiltered)
+    from harbor_gym.sandbox.docker_backend import DockerSandbox
+
+    sb = DockerSandbox(SandboxSpec(image=BASE_IMAGE, network=True, name_hint="unfiltered"), _settings())
+    with pytest.raises(SandboxUnavailableError) as err:
+        sb.start()
+    assert err.value.rule == "GYM-10" and "simulated" in str(err.value)

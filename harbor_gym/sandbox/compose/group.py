@@ -24,8 +24,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from harbor_gym.errors import SandboxError
+from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import lease as leases
+from harbor_gym.sandbox import _netfilter
 from harbor_gym.sandbox._engine import get_client, translate_error
 from harbor_gym.sandbox.base import (
     MANAGED_LABEL,
@@ -201,9 +202,16 @@ class ComposeGroup:
         lease.want_ttl(self.settings.lease_ttl_s)
         labels = self._resource_labels(lease)
         api = self.client.api
+        # GYM-10: the host rules that keep every group bridge (hgg-+) and the public one off the host
+        net = _netfilter.public_network(self.client)
+        if not net.filtered and getattr(self.settings, "unfiltered_network", "refuse") != "allow":
+            raise SandboxUnavailableError(
+                f"group {self.name}: its network cannot be filtered from the host here ({net.unfiltered_reason}); "
+                f"its services would reach {_netfilter.REACHABLE_WITHOUT_FILTER}", field="network", rule="GYM-10")
         try:
             self._network_id = api.create_network(
                 self.name, driver="bridge", internal=True, labels=labels,
+                options={"com.docker.network.bridge.name": _netfilter.group_bridge_name()},
                 check_duplicate=True)["Id"]
             for volume in self.compose.volumes:
                 docker_name = f"{self.name}_{volume}"
@@ -255,7 +263,8 @@ class ComposeGroup:
         else:
             spec = SandboxSpec(
                 **image, build_timeout_s=self.build_timeout_s, workdir=service.working_dir, env=service.env,
-                user=service.user, cpus=size.cpus, pids_limit=size.pids, network=False,
+                user=service.user, cpus=size.cpus, pids_limit=size.pids,
+                network=self.network_enabled and service.is_main,
                 storage_mb=self.sidecar_storage_mb, labels=member_labels, name_hint=hint)
         return ServiceSandbox(spec, self.settings, service=service, network=self.name, volumes=self._volumes,
                               memory_bytes=memory_bytes, follow_service=not service.is_main,
