@@ -100,7 +100,8 @@ class ChatAgent:
         model: the model name the server serves.
         base_url: the endpoint, e.g. ``http://127.0.0.1:8000/v1``.
         api_key: the key; ``None``: the variable ``api_key_env`` (default ``OPENAI_API_KEY``), else ``"EMPTY"``
-            (local servers need none). Never shown by ``repr``.
+            (local servers need none). Never shown by ``repr``; a key given here travels with the pickled agent
+            to vector-env workers and Ray actors, a key in ``api_key_env`` is read in the process that calls.
         max_steps: model calls per activation (default 30).
         temperature: sampling temperature (default 1.0, on-policy sampling for RL).
         max_tokens: completion tokens per call (default 4096).
