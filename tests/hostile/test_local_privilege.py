@@ -581,3 +581,18 @@ def test_commands_do_not_share_the_trainers_session_keyring(settings):
     with LocalSandbox(SandboxSpec(image=BASE_IMAGE), settings) as sb:
         ids = {int(sb.exec(["python3", "-c", probe], timeout=30, user=u).stdout) for u in ("root", "root", "nobody")}
     assert ours > 0 and ours not in ids and len(ids) == 3, (ours, ids)
+
+
+# SPEC: GYM-10
+def test_public_task_is_refused_at_seed_where_the_local_filter_cannot_be_installed(tmp_path, monkeypatch):
+    from harbor_gym.errors import SeedRefusedError
+
+    monkeypatch.setattr(_net, "filter_unavailable_reason", lambda: "simulated: no iptables")
+    files = {"task.toml": toml(["s1"]).replace('network_mode = "no-network"', 'network_mode = "public"'),
+             "tests/test.sh": grade("true")}
+    task = write_task(tmp_path, files, name="local-public")
+    with pytest.raises(SeedRefusedError) as info:
+        run_episode(task, ":", config(LOCAL))
+    text = str(info.value)
+    assert "filter" in text and "unfiltered_network" in text and "127.0.0.1" in text, text
+    assert not info.value.retryable
