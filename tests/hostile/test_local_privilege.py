@@ -596,3 +596,15 @@ def test_public_task_is_refused_at_seed_where_the_local_filter_cannot_be_install
     text = str(info.value)
     assert "filter" in text and "unfiltered_network" in text and "127.0.0.1" in text, text
     assert not info.value.retryable
+
+
+# SPEC: GYM-10
+def test_unfiltered_network_allow_runs_the_public_sandbox_unfiltered(settings, monkeypatch):
+    # The documented way out where no filter can be installed: "allow" shares the host's network namespace.
+    import dataclasses
+
+    monkeypatch.setattr(_net, "filter_unavailable_reason", lambda: "simulated: no iptables")
+    allow = dataclasses.replace(settings, unfiltered_network="allow")
+    with LocalSandbox(SandboxSpec(image=BASE_IMAGE, network=True), allow) as sb:
+        assert os.readlink(f"/proc/{sb.pid}/ns/net") == os.readlink("/proc/self/ns/net")
+        assert sb.exec("true", timeout=30).exit_code == 0
