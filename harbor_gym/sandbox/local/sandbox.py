@@ -21,10 +21,14 @@ Layout of one sandbox (see ``_keeper.py`` for the process that owns it):
 - a lease (`harbor_gym.sandbox.lease`, the process's unless one is given): the keeper ends the sandbox and removes
   everything of it once the lease file has not been renewed for ``lease_ttl_s`` (the trainer died) or is gone.
 
-Commands (``_exec.py``) start in a fresh host launcher (``_launch.py``, ~30 ms per exec) that joins the sandbox's
-namespaces and cgroups and drops to the command's user and to Docker's default capability set minus ``mknod``
-before its first ``execve``: no file of the sandbox (its ``sh``, libc, ``ld.so``, ``/etc/ld.so.preload``) is ever
-opened, mapped or run with host privileges (GYM-10). Files move with the sandbox's own ``tar`` run that way
+Commands (``_exec.py``) start in a fresh host launcher (``_launch.py``, ~15 ms per exec) that joins the sandbox's
+namespaces and cgroups, a fresh session keyring, and drops to the command's user and to Docker's default capability
+set minus ``mknod`` before its first ``execve``: no file of the sandbox (its ``sh``, libc, ``ld.so``,
+``/etc/ld.so.preload``) is ever opened, mapped or run with host privileges (GYM-10). Their output comes through
+pipes into capped buffers (``_streams.py``), never host files. Root in a local sandbox is host uid 0 with Docker's
+capabilities; as in Docker, /proc/sys and its kin are read-only and host-wide /proc entries and /sys/firmware are
+masked. Unlike Docker there is no seccomp filter: host uid 0's user keyring and unprivileged user namespaces stay
+reachable (the keyring is empty on a usual host; the session keyring is the sandbox's own). Files move with the sandbox's own ``tar`` run that way
 (``put``/``get``) or are read from the host beneath the sandbox's root (``read_file``, ``copy_out``). Users and
 owners are resolved from the sandbox's /etc/passwd and /etc/group, never the host's.
 What this backend cannot honour is refused at `start` with `SandboxUnavailableError`: a build context, an image with
