@@ -235,6 +235,10 @@ def _cmd_gc(args: argparse.Namespace) -> int:
             status = EXIT_FAILED
     removed = collect_local_garbage()
     _say(_out, "", f"local sandboxes: {len(removed)} removed" + (f" ({', '.join(removed)})" if removed else ""))
+    from harbor_gym.episode._logs import reap_stale_temp_logs  # issue 12 item 6: logs of SIGKILLed runs
+
+    folders = reap_stale_temp_logs()
+    _say(_out, "", f"temporary log folders of dead runs: {len(folders)} removed")
     return status
 
 

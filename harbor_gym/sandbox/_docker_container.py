@@ -10,12 +10,11 @@ an engine that cannot is refused naming what it needs. A public network is the s
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from harbor_gym.errors import SandboxUnavailableError
 from harbor_gym.sandbox._gpus import GPU_RUNTIME, device_requests, gpu_runtime
-from harbor_gym.sandbox import _netfilter, images
+from harbor_gym.sandbox import _netfilter, _reaper, images
 from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox._engine import storage_driver_support, storage_support, translate_error
 from harbor_gym.sandbox.base import MANAGED_LABEL, RUN_LABEL, SandboxSettings, SandboxSpec, SandboxState
@@ -44,12 +43,13 @@ def storage_size_mb(storage_mb: int, *, image_bytes: int, includes_image: bool) 
     return storage_mb + ((image_bytes + (1 << 20) - 1) >> 20 if includes_image else 0)
 
 
-def build_host_config(spec: SandboxSpec, lease_path: Path | str, *, public_network: str = "bridge",
+def build_host_config(spec: SandboxSpec, *, public_network: str = "bridge",
                       storage_size: int | None = None) -> dict[str, Any]:
     """The keyword arguments of ``create_host_config`` for ``spec``.
 
     That is: an init process, auto-remove, the network (``public_network`` when the spec's network is on, else
-    none), the lease file mounted read-only, and the spec's limits (cpus, memory without swap, pids, storage,
+    none), nothing of the host mounted (the lease is enforced by the engine's reaper, `_reaper`), and the spec's
+    limits (cpus, memory without swap, pids, storage,
     tmpfs sizes). ``storage_size`` (MiB) is the engine size bounding ``spec.storage_mb`` (`storage_size_mb`;
     default: ``storage_mb`` itself). Pure; a limit the engine cannot enforce is refused before this is built
     (``_refuse_unenforceable``; GYM-10, LOAD-24)."""
@@ -57,7 +57,6 @@ def build_host_config(spec: SandboxSpec, lease_path: Path | str, *, public_netwo
         "init": True,
         "auto_remove": True,
         "network_mode": public_network if spec.network else "none",
-        "binds": {str(lease_path): {"bind": leases.LEASE_MOUNT, "mode": "ro"}},
     }
     if spec.cpus is not None:
         host_config["nano_cpus"] = int(spec.cpus * 1e9)
@@ -111,17 +110,19 @@ class DockerContainerMixin:
         spec = self.spec
         lease = self._lease or leases.process_lease()
         lease.want_ttl(self.settings.lease_ttl_s)
+        _reaper.attach(lease, self.client, self.settings)  # GYM-10: the lease is enforced outside the sandbox
         self.run_id = lease.run_id
         self._image = images.ensure_image(self.client, spec, self.settings)
         labels = {**dict(self.settings.labels), **dict(spec.labels),
-                  MANAGED_LABEL: "true", RUN_LABEL: lease.run_id, TTL_LABEL: f"{self.settings.lease_ttl_s:g}"}
+                  MANAGED_LABEL: "true", RUN_LABEL: lease.run_id, TTL_LABEL: f"{self.settings.lease_ttl_s:g}",
+                  **_reaper.lease_labels(lease.run_id)}
         api = self.client.api
         size = None
         if spec.storage_mb is not None:
             size = storage_size_mb(spec.storage_mb, image_bytes=self._image.size_bytes,
                                    includes_image=storage_support(self.client).includes_image)
         network = self._public_network() if spec.network else "bridge"
-        host_config = build_host_config(spec, lease.path, public_network=network, storage_size=size)
+        host_config = build_host_config(spec, public_network=network, storage_size=size)
         try:
             created = self._create(api, labels, host_config)
             self.container_id = created["Id"]
@@ -173,7 +174,7 @@ class DockerContainerMixin:
         self._count()
         return api.create_container(
             self._image.id,
-            command=leases.lease_command(self.settings.lease_ttl_s),
+            command=leases.idle_command(),
             entrypoint=[],
             name=self.name,
             hostname=self.name[:63],

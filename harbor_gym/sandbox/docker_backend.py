@@ -1,8 +1,9 @@
 """`DockerSandbox`: the `Sandbox` protocol on a Docker engine, through the Docker SDK (never the docker CLI).
 
-One container per sandbox, started with an init process (a stop takes milliseconds) whose main process is the lease
-loop (`harbor_gym.sandbox.lease`): it exits, and the auto-removed container disappears, when the host stops renewing
-its lease. Limits come from the spec (cpus, memory without swap, pids, tmpfs sizes, storage through the storage
+One container per sandbox, started with an init process (a stop takes milliseconds) whose main process only waits;
+it carries its run's lease label, and the engine's reaper (`harbor_gym.sandbox._reaper`, outside every sandbox)
+removes it once the host stops renewing that lease (SPEC GYM-10): nothing inside the sandbox takes part.
+Limits come from the spec (cpus, memory without swap, pids, tmpfs sizes, storage through the storage
 driver); a limit the engine cannot enforce exactly (``gpus`` on this CPU-only backend, ``storage_mb`` on an engine
 whose storage driver cannot bound size) is refused at start with `SandboxUnavailableError` (SPEC LOAD-24, GYM-10),
 never dropped; `storage_exceeded` tells whether the writable size reached its bound. ``network=False`` gives the

@@ -1,11 +1,15 @@
-"""Leases: every sandbox's main process exits by itself when the host stops renewing its lease, plus the registry
-that stops every live sandbox at interpreter exit.
+"""Leases: a sandbox whose host process stops renewing its lease is removed from outside the sandbox, plus the
+registry that stops every live sandbox at interpreter exit (SPEC GYM-10; README P3).
 
-One lease file per host process run (``<cache>/leases/<run_id>.lease``), its mtime touched by one daemon heartbeat
-thread. Docker sandboxes bind-mount the file read-only and run `lease_command` as their main process (under an
-init): a POSIX-sh loop that exits when the file's mtime is older than the TTL, so a host killed with SIGKILL or by
-the OOM killer leaves nothing running for longer than about TTL + check interval (and ``auto_remove`` removes the
-container). ``harbor-gym gc`` reads the same files to tell a live run from a dead one.
+One lease per host process run (``run_id``), renewed by daemon threads of the process:
+
+- a host file (``<cache>/leases/<run_id>.lease``), its mtime touched by the heartbeat thread. The local backend's
+  keeper (a host process outside the sandbox) ends its sandbox when the file goes stale; ``harbor-gym gc`` and the
+  reaping of temporary log folders read it to tell a live run from a dead one;
+- on each Docker engine the run uses, the file ``/leases/<run_id>`` in that engine's reaper container
+  (`harbor_gym.sandbox._reaper`, attached as a *remote* with `Lease.add_remote`), rewritten through the engine API.
+  The reaper removes every container, network and volume labelled with a stale lease within ``lease_ttl_s`` + 2 s
+  (+ removal), whatever runs inside the sandbox: nothing in a sandbox takes part, nothing is bind-mounted into it.
 
 On normal paths everything is removed on stop, on exceptions, on Ctrl-C (context managers) and at interpreter exit
 (`atexit` stops every registered sandbox, then releases the lease).
@@ -24,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import signal
 import threading
@@ -35,11 +38,10 @@ from typing import Protocol
 
 __all__ = [
     "Lease",
-    "LEASE_MOUNT",
     "lease_dir",
     "lease_path",
     "lease_is_live",
-    "lease_command",
+    "idle_command",
     "process_lease",
     "register",
     "unregister",
@@ -49,19 +51,8 @@ __all__ = [
 
 log = logging.getLogger("harbor_gym.sandbox")
 
-#: Where the lease file appears inside a container (read-only).
-LEASE_MOUNT = "/run/harbor-gym/lease"
-
-# The container's main process. $1 lease file, $2 ttl seconds, $3 check interval seconds. Only sh, stat, date and
-# sleep (coreutils or busybox). A missing file counts as expired.
-_LEASE_LOOP = r"""f=$1; ttl=$2; iv=$3
-trap 'exit 0' TERM INT HUP
-while :; do
-  m=$(stat -c %Y "$f" 2>/dev/null) || exit 0
-  n=$(date +%s)
-  [ $((n - m)) -gt "$ttl" ] && exit 0
-  sleep "$iv"
-done"""
+# A sandbox's main process (under the engine's init): it only waits. Only sh and sleep (coreutils or busybox).
+_IDLE_LOOP = "trap 'exit 0' TERM INT HUP; while :; do sleep 3600 & wait $!; done"
 
 
 def lease_dir() -> Path:
@@ -84,23 +75,30 @@ def lease_is_live(run_id: str, ttl_s: float, directory: Path | None = None) -> b
     return time.time() - mtime <= ttl_s
 
 
-def lease_command(ttl_s: float) -> list[str]:
-    """The argv of a sandbox's main process: exits when the lease at `LEASE_MOUNT` is older than ``ttl_s``."""
-    ttl = max(1, math.ceil(ttl_s))
-    interval = max(1, min(5, ttl // 4))
-    return ["/bin/sh", "-c", _LEASE_LOOP, "harbor-gym-lease", LEASE_MOUNT, str(ttl), str(interval)]
+def idle_command() -> list[str]:
+    """The argv of a Docker sandbox's main process: it waits forever (the lease is enforced from outside, by the
+    engine's reaper, so stopping or killing this process gains an agent nothing; killing it ends the sandbox)."""
+    return ["/bin/sh", "-c", _IDLE_LOOP, "harbor-gym-sandbox"]
+
+
+class _Remote(Protocol):
+    def start(self) -> None: ...
+    def wake(self) -> None: ...
+    def release(self) -> None: ...
 
 
 class Lease:
-    """A lease file renewed by a daemon heartbeat thread.
+    """A lease file renewed by a daemon heartbeat thread, and its copies in engine reapers (remotes).
 
     Args:
-        run_id: the run's id (default: a fresh uuid hex); containers carry it in `RUN_LABEL`.
+        run_id: the run's id (default: a fresh uuid hex); containers carry it in `RUN_LABEL` and the reaper's
+            ``io.harbor-gym.lease``.
         directory: where the file lives (default `lease_dir`).
         interval_s: renewal period; `want_ttl` shortens it to a quarter of the shortest TTL in use.
 
-    Guarantees: after `start` the file exists and is renewed every ``interval_s`` until `pause` or `release`;
-    after `release` the file is gone (every container bound to it exits within its TTL + check interval).
+    Guarantees: after `start` the file exists and is renewed every ``interval_s`` (and so is every remote) until
+    `pause` or `release`; after `release` the file is gone and every remote says ``released`` (every sandbox bound
+    to it is removed by its keeper or reaper within its TTL + check interval).
     """
 
     def __init__(self, *, run_id: str | None = None, directory: Path | None = None, interval_s: float = 5.0) -> None:
@@ -111,6 +109,26 @@ class Lease:
         self._stopped = True
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._remotes: list[_Remote] = []
+
+    @property
+    def interval_s(self) -> float:
+        """The current renewal period in seconds."""
+        return self._interval
+
+    @property
+    def remotes(self) -> list[_Remote]:
+        """The remotes renewed with this lease (a copy)."""
+        return list(self._remotes)
+
+    def add_remote(self, remote: _Remote) -> None:
+        """Renew ``remote`` (an engine reaper's copy of this lease) along with the file: it is started now if the
+        lease renews, and on every later `start`; woken on `want_ttl` and `pause`; released on `release`."""
+        with self._lock:
+            self._remotes.append(remote)
+            renewing = self.is_renewing
+        if renewing:
+            remote.start()
 
     def start(self) -> "Lease":
         """Create the file and start renewing it (no-op if already renewing)."""
@@ -122,6 +140,9 @@ class Lease:
                 self._thread = threading.Thread(target=self._beat, name=f"harbor-gym-lease-{self.run_id}",
                                                 daemon=True)
                 self._thread.start()
+            remotes = list(self._remotes)
+        for remote in remotes:
+            remote.start()
         return self
 
     @property
@@ -135,6 +156,8 @@ class Lease:
         if interval < self._interval:
             self._interval = interval
             self._wake.set()
+            for remote in list(self._remotes):
+                remote.wake()
         self.renew()
 
     def renew(self) -> None:
@@ -149,18 +172,23 @@ class Lease:
         """Stop renewing (the file stays and goes stale): sandboxes bound to it expire. For tests and drills."""
         self._stopped = True
         self._wake.set()
+        for remote in list(self._remotes):
+            remote.wake()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
         self._thread = None
 
     def release(self) -> None:
-        """Stop renewing and delete the file. Idempotent."""
+        """Stop renewing, delete the file and mark every remote released. Idempotent."""
         self.pause()
         try:
             self.path.unlink()
         except FileNotFoundError:
             pass
+        remotes, self._remotes = list(self._remotes), []
+        for remote in remotes:
+            remote.release()
 
     def _beat(self) -> None:
         while True:

@@ -2,23 +2,22 @@
 
 It is a `DockerSandbox` in every respect (exec, put, get, read_file, stop) except how its container is
 created: attached to the group's network with the service name as its DNS alias, with the service's named
-volumes and read-only binds mounted, its read-write binds copied in before start (the task folder is never
-mounted writable), its memory size in bytes, its compose healthcheck given to the engine, and its command run
-under the lease loop (`SERVICE_LOOP`).
+volumes and read-only binds mounted, its read-write binds copied in before start (a bind of a task-folder path
+is never mounted writable, so no sandbox writes into the downloaded folder on the host: SPEC GYM-10), its memory
+size in bytes, its compose healthcheck given to the engine, and its command run under `SERVICE_LOOP`.
 
-Lease (SPEC's clean-up rule): a service's own process cannot be the lease loop, so the container's main
-process (under the engine's init) is a POSIX-sh wrapper that starts the service's argv in the background and
-then runs the same lease check as every sandbox; when the lease goes stale the wrapper exits and the container
-stops. A sidecar's wrapper also exits with the service's status when the service exits (compose: the container
-stops); ``main``'s keeps running, since the agent's sandbox must outlive whatever command it declares. Sidecar
-containers are not auto-removed, so a service that dies during start can be diagnosed from its logs; the
-group's ``stop`` removes them, and ``harbor-gym gc`` removes what a crashed host left (their run label and
-TTL). Needs ``sh``, ``stat``, ``date``, ``sleep`` and ``kill`` in the image (coreutils or busybox).
+Lease (SPEC GYM-10): like every Docker sandbox, a service container carries its run's lease label and the engine's
+reaper (`harbor_gym.sandbox._reaper`) removes it once the lease is stale; nothing in the container takes part.
+The container's main process (under the engine's init) is a POSIX-sh wrapper that starts the service's argv in
+the background: a sidecar's wrapper exits with the service's status when the service exits (compose: the
+container stops); ``main``'s keeps waiting, since the agent's sandbox must outlive whatever command it declares.
+Sidecar containers are not auto-removed, so a service that dies during start can be diagnosed from its logs; the
+group's ``stop`` removes them, and the reaper or ``harbor-gym gc`` what a crashed host left (their lease, run
+and TTL labels). Needs ``sh``, ``sleep`` and ``kill`` in the image (coreutils or busybox).
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 from harbor_gym.sandbox import archives
@@ -37,18 +36,13 @@ GROUP_LABEL = "io.harbor-gym.group"
 #: The compose service a container runs.
 SERVICE_LABEL = "io.harbor-gym.service"
 
-# $1 lease file, $2 ttl seconds, $3 follow (1: exit when the service exits), then the service's argv.
-SERVICE_LOOP = r"""f=$1; ttl=$2; follow=$3; shift 3
+# $1 follow (1: exit with the service's status when it exits), then the service's argv.
+SERVICE_LOOP = r"""follow=$1; shift 1
 "$@" &
 svc=$!
 trap 'kill -TERM "$svc" 2>/dev/null; exit 0' TERM INT HUP
-while :; do
-  m=$(stat -c %Y "$f" 2>/dev/null) || { kill -TERM "$svc" 2>/dev/null; exit 0; }
-  n=$(date +%s)
-  [ $((n - m)) -gt "$ttl" ] && { kill -TERM "$svc" 2>/dev/null; exit 0; }
-  if [ "$follow" = 1 ] && ! kill -0 "$svc" 2>/dev/null; then wait "$svc"; exit $?; fi
-  sleep 1
-done"""
+if [ "$follow" = 1 ]; then wait "$svc"; exit $?; fi
+while :; do sleep 3600 & wait $!; done"""
 
 
 def service_command(service: "ComposeService", image_entrypoint: list[str] | None,
@@ -125,17 +119,15 @@ class ServiceSandbox(DockerSandbox):
         config = api.inspect_image(self._image.id).get("Config") or {}
         self._count()
         argv = service_command(service, config.get("Entrypoint"), config.get("Cmd"))
-        ttl = str(max(1, math.ceil(self.settings.lease_ttl_s)))
         if argv:
-            command = ["/bin/sh", "-c", SERVICE_LOOP, "harbor-gym-service", leases.LEASE_MOUNT, ttl,
-                       "1" if self._follow else "0", *argv]
+            command = ["/bin/sh", "-c", SERVICE_LOOP, "harbor-gym-service", "1" if self._follow else "0", *argv]
         elif self._follow:
             from harbor_gym.errors import SandboxError
 
             raise SandboxError(f"service {service.name!r} has no command: neither the compose file nor its "
                                "image names one", field=f"services.{service.name}.command", rule="COMPOSE-1")
         else:
-            command = leases.lease_command(self.settings.lease_ttl_s)
+            command = leases.idle_command()
         healthcheck = None
         if service.healthcheck is not None:
             check = service.healthcheck

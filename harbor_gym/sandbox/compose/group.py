@@ -11,7 +11,8 @@ commands never see ``main``'s workdir, user or env (COMPOSE-3: each service runs
 
 Stop removes the containers (reverse order), then the network, then the volumes; it is idempotent, runs on any
 failure during start (Ctrl-C included) and at interpreter exit. Every resource carries the managed label, the
-run label and the lease TTL, so ``harbor-gym gc`` removes what a crashed host left.
+run label, the lease label and the lease TTL, so the engine's reaper (`harbor_gym.sandbox._reaper`) removes what
+a crashed host left within the lease bound, and ``harbor-gym gc`` too.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
-from harbor_gym.sandbox import lease as leases
+from harbor_gym.sandbox import _reaper, lease as leases
 from harbor_gym.sandbox import _netfilter
 from harbor_gym.sandbox._engine import get_client, translate_error
 from harbor_gym.sandbox.base import (
@@ -195,11 +196,13 @@ class ComposeGroup:
 
     def _resource_labels(self, lease: leases.Lease) -> dict[str, str]:
         return {**dict(self.settings.labels), **self.labels, MANAGED_LABEL: "true", RUN_LABEL: lease.run_id,
-                TTL_LABEL: f"{self.settings.lease_ttl_s:g}", GROUP_LABEL: self.name}
+                TTL_LABEL: f"{self.settings.lease_ttl_s:g}", GROUP_LABEL: self.name,
+                **_reaper.lease_labels(lease.run_id)}
 
     def _start(self) -> None:
         lease = self._lease or leases.process_lease()
         lease.want_ttl(self.settings.lease_ttl_s)
+        _reaper.attach(lease, self.client, self.settings)  # GYM-10: before any labelled resource exists
         labels = self._resource_labels(lease)
         api = self.client.api
         # GYM-10: the host rules that keep every group bridge (hgg-+) and the public one off the host

@@ -322,32 +322,33 @@ def test_compose_1_stop_removes_containers_network_and_volumes(tmp_path, docker_
 
 
 @pytest.mark.docker
-def test_compose_1_services_exit_when_the_lease_goes_stale(tmp_path, docker_client):
-    # SPEC: COMPOSE-1 — every container of the group runs under the lease loop (sidecars with their own
-    # command included), and the network/volumes carry the run label and TTL `harbor-gym gc` judges by
+def test_compose_1_the_reaper_removes_a_group_whose_lease_goes_stale(tmp_path, docker_client):
+    # SPEC: COMPOSE-1, GYM-10 — every container (sidecars with their own command included), the network and the
+    # volumes carry the lease label, and the engine's reaper removes them all once the lease is not renewed
+    from harbor_gym.sandbox._reaper import LEASE_LABEL
+
     lease = leases.Lease(directory=tmp_path / "leases", interval_s=0.5).start()
     compose = compose_in(tmp_path, f"services:\n  main:\n    image: {BASE_IMAGE}\n{WEB}volumes:\n  v:\n")
     group = ComposeGroup(compose, settings=base_settings(lease_ttl_s=2), name_hint="compose-test",
                          lease=lease)
     try:
         group.start()
-        members = list(group.services.values())
-        for resource in (docker_client.api.inspect_network(group.name)["Labels"],
-                         docker_client.api.inspect_volume(f"{group.name}_v")["Labels"]):
-            assert resource[RUN_LABEL] == lease.run_id and resource[TTL_LABEL] == "2"
-        lease.pause()
-        (tmp_path / "leases" / f"{lease.run_id}.lease").unlink()
-        deadline = time.monotonic() + 20
-        while any(m.is_alive() for m in members):
-            assert time.monotonic() < deadline, "a service outlived its lease"
-            time.sleep(0.5)
-        # what `harbor-gym gc` judges by: every labelled resource of the group now counts as garbage (the
-        # decision only: a global gc here could touch other runs' resources)
         selector = {"label": f"{GROUP_LABEL}={group.name}"}
         resources = ([c["Labels"] for c in docker_client.api.containers(all=True, filters=selector)]
                      + [n["Labels"] for n in docker_client.api.networks(filters=selector)]
                      + [v["Labels"] for v in docker_client.api.volumes(filters=selector)["Volumes"] or []])
-        assert len(resources) >= 3 and all(gc_dead(labels) for labels in resources)
+        assert len(resources) == 4
+        for labels in resources:
+            assert labels[LEASE_LABEL] == labels[RUN_LABEL] == lease.run_id and labels[TTL_LABEL] == "2"
+        time.sleep(3)  # renewed: alive past its TTL
+        assert group.is_alive()
+        lease.pause()
+        (tmp_path / "leases" / f"{lease.run_id}.lease").unlink()
+        assert all(gc_dead(labels) for labels in resources)  # `harbor-gym gc` agrees on this host
+        deadline = time.monotonic() + 2 + 20
+        while labelled(docker_client, group.name) != {"containers": [], "networks": [], "volumes": []}:
+            assert time.monotonic() < deadline, f"outlived its lease: {labelled(docker_client, group.name)}"
+            time.sleep(0.5)
     finally:
         group.stop()
         lease.release()

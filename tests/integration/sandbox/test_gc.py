@@ -26,8 +26,12 @@ def test_gc_removes_dead_runs_only(settings_with, docker_client):
             assert dead.name in report.containers
             assert live.name in report.kept_live and live.name not in report.containers
             assert live.is_alive()
-            names = {c.name for c in docker_client.containers.list(all=True)}
+            names = {n.lstrip("/") for c in docker_client.api.containers(all=True) for n in c["Names"] or []}
             assert dead.name not in names and stranger.name in names
+            # SPEC: GYM-10 — the engine's reaper is not a sandbox: gc neither counts nor removes it
+            from harbor_gym.sandbox._reaper import REAPER_NAME
+
+            assert REAPER_NAME in names and REAPER_NAME not in report.containers + report.kept_live
     finally:
         stranger.remove(force=True)
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from harbor_gym.sandbox.lease import LEASE_MOUNT, Lease, lease_command, lease_is_live
+from harbor_gym.sandbox.lease import Lease, idle_command, lease_is_live
 
 
 def test_lease_renews_then_goes_stale_then_disappears(tmp_path):
@@ -36,6 +36,43 @@ def test_want_ttl_shortens_the_interval():
         lease.path.parent.rmdir()
 
 
-def test_lease_command_is_posix_sh_with_integer_ttl():
-    argv = lease_command(2.5)
-    assert argv[:2] == ["/bin/sh", "-c"] and argv[-3:] == [LEASE_MOUNT, "3", "1"]
+def test_gym_10_the_sandbox_main_process_reads_no_lease():
+    # SPEC: GYM-10 — the main process only waits: no host file, nothing an agent could stop to defeat the lease
+    argv = idle_command()
+    assert argv[:2] == ["/bin/sh", "-c"]
+    assert "stat" not in argv[2] and "/run/harbor-gym" not in " ".join(argv)
+
+
+class _Remote:
+    def __init__(self):
+        self.started = self.woken = self.released = 0
+
+    def start(self):
+        self.started += 1
+
+    def wake(self):
+        self.woken += 1
+
+    def release(self):
+        self.released += 1
+
+
+def test_remotes_follow_the_lease(tmp_path):
+    # SPEC: GYM-10 — an engine's copy of the lease starts, stops and is released with the lease
+    lease = Lease(directory=tmp_path, interval_s=5.0)
+    remote = _Remote()
+    lease.add_remote(remote)
+    assert remote.started == 0  # not renewing yet
+    lease.start()
+    assert remote.started == 1 and lease.is_renewing and lease.interval_s == 5.0
+    lease.want_ttl(2.0)  # a shorter TTL: the remote is told to look at the new interval
+    assert lease.interval_s == 0.5 and remote.woken == 1
+    lease.pause()
+    assert remote.woken == 2 and not lease.is_renewing
+    lease.start()
+    assert remote.started == 2
+    lease.release()
+    assert remote.released == 1 and lease.remotes == []
+    lease.release()
+    assert remote.released == 1
+
