@@ -6,6 +6,10 @@ or is not of this host) or was not renewed within the container's lease TTL (``i
 the default). Resources of a live run are never touched, nor anything without the managed label. The shared
 public network (``io.harbor-gym.shared``) belongs to no run: it is removed only while no container is on it. With
 ``images=True`` the build cache images (``io.harbor-gym.cache=build``) not used by a container are removed too.
+
+The engine's lease reaper (`harbor_gym.sandbox._reaper`) carries no managed label: gc neither counts nor removes it.
+It removes the resources of dead runs by itself within ``lease_ttl_s`` + 20 s, judging by the leases renewed into it
+(any host's runs); gc judges by this host's lease files, so run it where the trainers run.
 """
 
 from __future__ import annotations

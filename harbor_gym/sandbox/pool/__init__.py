@@ -11,8 +11,8 @@ Guarantees:
 - ``ready + starting <= size`` at all times (handed-out sandboxes are not the pool's any more).
 - A ready sandbox is health-checked (``is_alive``, one engine request) before it is handed out; a dead one is
   discarded. When no ready sandbox is left, `SandboxPool.claim` starts one itself.
-- Pool sandboxes are ordinary backend sandboxes: they hold the process lease (a SIGKILLed host leaves nothing past
-  the lease TTL) and are registered for the interpreter-exit stop.
+- Pool sandboxes are ordinary backend sandboxes: they hold the process lease (the engine's reaper removes what a
+  SIGKILLed host left within ``lease_ttl_s`` + 20 s, GYM-10) and are registered for the interpreter-exit stop.
 - `SandboxPool.close` (and `close_pools`, also run at interpreter exit) removes every sandbox the pool started:
   ready ones, ones still starting, and handed-out ones not yet torn down. It is idempotent.
 
