@@ -212,6 +212,12 @@ class EnvConfig(BaseModel):
         False, description="GYM-12: retry agent-caused outages like any outage (the seed's rule) in `harbor-gym run` "
         "and the rollout collector. False (default): an agent-caused outage is a failed rollout, not retried.",
     )
+    async_concurrency: int = Field(
+        64, ge=1, description="Issue 15: threads of the process-wide pool that runs env.areset/env.astep sandbox "
+        "work (one per env in flight; an async agent's turn.aexec runs on its turn's thread). At most this many "
+        "resets/turns run at once across the envs that share it; more wait without blocking the event loop. "
+        "harbor_gym.rollouts uses its own pool of `concurrency` threads instead.",
+    )
     output_cap_bytes: int = Field(
         1 << 20, ge=1024, description="Cap of each captured stdout/stderr; longer output is cut with a marker."
     )
