@@ -14,7 +14,7 @@ from harbor_gym.agents import AgentOutcome, AgentStatus, Oracle, ScriptAgent, Tu
 from harbor_gym.agents._oracle import ORACLE_LOG, ORACLE_RUN
 from harbor_gym.episode._budgets import agent_budget
 from harbor_gym.episode._outage import WatchedExec
-from harbor_gym.episode._shell import parse, q
+from harbor_gym.episode._shell import q
 from harbor_gym.episode._turnstate import WORKDIR_FAILED, _Turn, workdir_cause
 from harbor_gym.errors import SandboxError
 from harbor_gym.task import Step
@@ -70,25 +70,28 @@ class _ActivatePhase:
         """ORACLE-1/2 with their preparation in one exec (root agent user): the housekeeping prelude, then, if it
         succeeded, ``/solution/solve.sh`` under the agent budget. ``None``: the prelude failed (TURN-8)."""
         script = t.prelude
-        script.add('[ -z "$HGFAIL" ] || exit 0')
-        script.add(f"cd {q(turn.workdir)} 2>/dev/null; {ORACLE_RUN}; echo {q(script.marker)} rc $?")
-        script.add(f"printf '%s file oracle.txt 0\\n' {q(script.marker)}; tail -c 4096 {ORACLE_LOG} 2>/dev/null; "
-                   f"printf '\\n%s end\\n' {q(script.marker)}")
+        script.add(script.stop_if_failed())
+        # the log's tail follows the rc note: it is the activation's output (data under a fixed name, like any
+        # agent's output tail); no file name or file content is ever taken from marked blocks (GYM-10)
+        script.add(f"cd {q(turn.workdir)} 2>/dev/null; {ORACLE_RUN}; hgrc=$?; {script.note('rc', '$hgrc')}; "
+                   f"tail -c 4096 {ORACLE_LOG} 2>/dev/null")
         env = {**turn.solution_env, "DEBIAN_FRONTEND": "noninteractive"}
         res = turn.exec(["sh", "-c", script.text()], env=env, stdin=t.prelude_stdin)
-        flags = parse(res.stdout, script.marker)
+        flags = script.outcome(res)  # outage / workdir_failed from the exit status, not printed lines
         if flags.has("outage"):
-            raise SandboxError(f"housekeeping failed ({' '.join(flags.first('outage'))})", field=t.step.name,
+            raise SandboxError(f"housekeeping failed ({' '.join(flags.first('outage') or [])})", field=t.step.name,
                                rule="TURN-8", retryable=True)
         if flags.has("workdir_failed"):
             t.prep_kind = WORKDIR_FAILED
             t.cause = workdir_cause(turn.workdir, res.stdout, script.marker)
             return None
         rc = flags.first("rc")
-        tail = flags.files.get("oracle.txt", (0, ""))[1]
-        if res.timed_out or rc is None:
+        cut = res.stdout.find(f"{script.marker} rc ")
+        tail = res.stdout[res.stdout.find("\n", cut) + 1:] if cut >= 0 else ""
+        if res.timed_out or not flags.finished:
             return AgentOutcome(status=AgentStatus.TIMEOUT, output_tail=tail or res.stderr[-4096:])
-        return AgentOutcome(status=AgentStatus.COMPLETED, exit_code=int(rc[0]), output_tail=tail)
+        code = int(rc[0]) if rc and rc[0].lstrip("-").isdigit() else None
+        return AgentOutcome(status=AgentStatus.COMPLETED, exit_code=code, output_tail=tail[-4096:])
 
     def _call_agent(self, agent: Any, turn: Turn) -> AgentOutcome:
         try:

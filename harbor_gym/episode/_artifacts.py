@@ -1,5 +1,11 @@
 """Artifact collection per turn (SPEC ART-1..5, DIFF-13): collect hooks, then entries, into the turn's
-``artifacts/`` folder with a ``manifest.json``."""
+``artifacts/`` folder with a ``manifest.json``.
+
+Every entry crosses through the trusted channel (`Sandbox.copy_out`, GYM-10) under the turn's `CopyBudget`: links
+inside an entry are recorded in its manifest object (``links``), never followed; fifos, devices and sockets are
+recorded as ``refused``; an entry that a cap cut (a file over ``copy_file_cap_bytes``, the turn past
+``copy_turn_cap_bytes``) has the status ``truncated``. An output path that would leave ``artifacts/`` fails.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,6 @@ import logging
 import os
 import posixpath
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -17,9 +22,10 @@ from typing import Callable, Sequence
 from harbor_gym.errors import SandboxError, SandboxPathError
 from harbor_gym.episode._records import ManifestEntry
 from harbor_gym.sandbox.base import ExecResult, Sandbox
+from harbor_gym.sandbox.channel import CopyBudget, CopyReport, safe_relname
 from harbor_gym.task import CollectHook, Step
 
-__all__ = ["ArtifactPlan", "plan_entries", "collect", "CONVENTION_SOURCE", "output_path_conflicts"]
+__all__ = ["ArtifactPlan", "plan_entries", "collect", "entry_status", "CONVENTION_SOURCE", "output_path_conflicts"]
 
 _log = logging.getLogger("harbor_gym.episode")
 
@@ -90,12 +96,14 @@ def run_hooks(hooks: Sequence[CollectHook], run: Callable[[str, str | None, floa
 
 
 def collect(sandbox: Sandbox | None, plan: Sequence[ArtifactPlan], out_dir: Path, *, harbor: bool,
-            write_manifest: bool = True, sidecars: Callable[[str], Sandbox | None] | None = None,
+            budget: CopyBudget, write_manifest: bool = True, sidecars: Callable[[str], Sandbox | None] | None = None,
             done: list[str] | None = None) -> tuple[ManifestEntry, ...]:
-    """ART-3/4/5: copy each planned entry from ``sandbox`` into ``out_dir`` and write ``manifest.json``.
+    """ART-3/4/5, GYM-10: copy each planned entry from ``sandbox`` into ``out_dir`` through the trusted channel,
+    within ``budget`` (the turn's), and write ``manifest.json``.
 
     Best effort: a failed copy is recorded ``failed``; an entry whose output path conflicts with an earlier one
-    is ``skipped``; an existing empty folder is ``empty``. ``origin`` is left out under Harbor (DIFF-13).
+    is ``skipped``; an existing empty folder is ``empty``; an entry a cap cut is ``truncated``. ``origin`` is
+    left out under Harbor (DIFF-13).
 
     Raises:
         SandboxError: only when the sandbox itself is out (not alive), so the engine records an outage.
@@ -104,7 +112,7 @@ def collect(sandbox: Sandbox | None, plan: Sequence[ArtifactPlan], out_dir: Path
     manifest: list[ManifestEntry] = []
     done = [] if done is None else done
     for entry in plan:
-        status, kind = "failed", "directory"
+        status, kind, report = "failed", "directory", None
         source_box = sandbox if entry.service is None else (sidecars(entry.service) if sidecars else None)
         if output_path_conflicts(entry.destination, done):
             status = "skipped"
@@ -112,38 +120,52 @@ def collect(sandbox: Sandbox | None, plan: Sequence[ArtifactPlan], out_dir: Path
             _log.warning("artifact %s of service %r not collected: no such service here", entry.source,
                          entry.service)
         else:
-            status, kind = _copy(source_box, entry, out_dir)
+            status, kind, report = _copy(source_box, entry, out_dir, budget)
             done.append(entry.destination)
         manifest.append(ManifestEntry(entry.source, entry.destination, kind, status, entry.service,
-                                      entry.exclude, None if harbor else entry.origin))
+                                      entry.exclude, None if harbor else entry.origin,
+                                      links=dict(report.links) if report else {},
+                                      refused=dict(report.refused) if report else {}))
     if write_manifest:
         (out_dir / "manifest.json").write_text(json.dumps([m.to_dict() for m in manifest], indent=2))
     return tuple(manifest)
 
 
-def _copy(sandbox: Sandbox, entry: ArtifactPlan, out_dir: Path) -> tuple[str, str]:
-    with tempfile.TemporaryDirectory(prefix="hg-art-") as tmp:
-        try:
-            got = sandbox.get(entry.source, Path(tmp))
-        except SandboxPathError:
-            return "failed", "directory"
-        except SandboxError as exc:
-            if not sandbox.is_alive():
-                raise
-            _log.warning("artifact %s not copied: %s (ART-3)", entry.source, exc)
-            return "failed", "directory"
-        target = out_dir / entry.destination
-        if got.is_dir():
-            if entry.exclude:
-                _apply_exclude(got, entry.exclude)
-            has_files = any(files or dirs for _, dirs, files in os.walk(got))
-            target.mkdir(parents=True, exist_ok=True)
-            for child in got.iterdir():
-                shutil.move(str(child), str(target / child.name))
-            return ("ok" if has_files else "empty"), "directory"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(got), str(target))
-        return "ok", "file"
+def entry_status(report: CopyReport, *, has_content: bool) -> str:
+    """ART-4 status of a copied entry: ``truncated`` when a cap cut it (GYM-10), else ``ok``, or ``empty`` for a
+    folder that holds nothing."""
+    if report.truncated:
+        return "truncated"
+    return "ok" if has_content else "empty"
+
+
+def _copy(sandbox: Sandbox, entry: ArtifactPlan, out_dir: Path,
+          budget: CopyBudget) -> tuple[str, str, CopyReport | None]:
+    rel = safe_relname(entry.destination)
+    if not rel:
+        _log.warning("artifact %s not copied: its destination %r leaves artifacts/ (GYM-10)", entry.source,
+                     entry.destination)
+        return "failed", "directory", None
+    target = out_dir / rel
+    try:
+        report = sandbox.copy_out(entry.source, target, budget=budget)
+    except SandboxPathError:
+        return "failed", "directory", None
+    except SandboxError as exc:
+        if not sandbox.is_alive():
+            raise
+        _log.warning("artifact %s not copied: %s (ART-3)", entry.source, exc)
+        return "failed", "directory", None
+    if report.kind == "directory":
+        if entry.exclude:
+            _apply_exclude(target, entry.exclude)
+        has = bool(report.links or report.refused) or any(files or dirs for _, dirs, files in os.walk(target))
+        return entry_status(report, has_content=has), "directory", report
+    if report.kind == "file":
+        return entry_status(report, has_content=True), "file", report
+    # the source itself is a link (recorded, never followed) or a fifo, device or socket (refused)
+    _log.warning("artifact %s not copied: it is a %s (GYM-10)", entry.source, report.kind)
+    return "failed", "file", report
 
 
 def _apply_exclude(root: Path, patterns: Sequence[str]) -> None:

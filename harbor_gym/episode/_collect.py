@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
-from pathlib import Path
 
-from harbor_gym.episode._artifacts import collect, plan_entries, run_hooks
+from harbor_gym.episode._artifacts import collect, entry_status, plan_entries, run_hooks
 from harbor_gym.episode._records import ManifestEntry
 from harbor_gym.episode._staging import STAGE_DIR
 from harbor_gym.episode._turnstate import _Turn
@@ -44,31 +41,34 @@ class _CollectPhase:
         side_plan = [p for p in plan if p.service is not None]
         done: list[str] = []
         run_hooks(step.collect, main_hook)
-        manifest = collect(sb, main_plan, t.dirs.artifacts, harbor=False, write_manifest=False, done=done)
+        budget = t.copy_budget(self.config)
+        manifest = collect(sb, main_plan, t.dirs.artifacts, harbor=False, write_manifest=False, done=done,
+                           budget=budget)
         run_hooks(step.collect, main_hook, sidecar_hook if self._group is not None else None, sidecars=True)
         manifest += collect(sb, side_plan, t.dirs.artifacts, harbor=False, sidecars=self._sidecar, done=done,
-                            write_manifest=False)
+                            write_manifest=False, budget=budget)
         t.manifest = manifest  # DIFF-13: the Seed side under both semantics
         (t.dirs.artifacts / "manifest.json").write_text(json.dumps([m.to_dict() for m in manifest], indent=2))
         self._clock.check()
 
     def _snapshot_artifacts(self, t: _Turn, sb: Sandbox, present: bool) -> None:
-        """ART-1/4 for a convention-only turn: copy the verify exec's snapshot of ``/logs/artifacts`` out."""
+        """ART-1/4 for a convention-only turn: copy the verify exec's snapshot of ``/logs/artifacts`` out through
+        the trusted channel (GYM-10, the turn's `CopyBudget`)."""
         plan = plan_entries(t.step)
-        status = "empty"
+        status, report = "empty", None
         out = t.dirs.artifacts / plan[0].destination
         out.mkdir(parents=True, exist_ok=True)
         if present:
-            with tempfile.TemporaryDirectory(prefix="hg-art-") as tmp:
-                try:
-                    got = sb.get(f"{STAGE_DIR}/art", Path(tmp))
-                    shutil.copytree(got, out, dirs_exist_ok=True)
-                    status = "ok" if any(out.iterdir()) else "empty"
-                except SandboxPathError:
-                    status = "empty"
-                except SandboxError as exc:
-                    _log.warning("artifacts of %s not copied: %s (ART-3)", t.step.name, exc)
-                    status = "failed"
+            try:
+                report = sb.copy_out(f"{STAGE_DIR}/art", out, budget=t.copy_budget(self.config))
+                has = bool(report.links or report.refused) or any(out.iterdir())
+                status = entry_status(report, has_content=has) if report.kind == "directory" else "failed"
+            except SandboxPathError:
+                status = "empty"
+            except SandboxError as exc:
+                _log.warning("artifacts of %s not copied: %s (ART-3)", t.step.name, exc)
+                status = "failed"
         t.manifest = (ManifestEntry(plan[0].source, plan[0].destination, "directory", status, None, (),
-                                    plan[0].origin),)
+                                    plan[0].origin, links=dict(report.links) if report else {},
+                                    refused=dict(report.refused) if report else {}),)
         (t.dirs.artifacts / "manifest.json").write_text(json.dumps([m.to_dict() for m in t.manifest], indent=2))

@@ -8,7 +8,7 @@ from harbor_gym.agents import Oracle
 from harbor_gym.episode._budgets import setup_bound
 from harbor_gym.episode._freeze import thaw_fragment
 from harbor_gym.episode._healthcheck import poll_healthcheck
-from harbor_gym.episode._shell import Script, parse, q
+from harbor_gym.episode._shell import Script, q
 from harbor_gym.episode._staging import STAGE_DIR, ArchiveBuilder
 from harbor_gym.episode._turnstate import (
     _HOUSEKEEPING_S,
@@ -127,9 +127,9 @@ class _PreparePhase:
     def _run_root(self, script: Script, t: _Turn, stdin: bytes | None = None) -> None:
         """Run a housekeeping script as root; map its flags: ``outage`` raises, ``workdir_failed`` sets TURN-8."""
         res = self._exec(self._sandbox, script.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin)
-        flags = parse(res.stdout, script.marker)
-        if flags.has("outage") or res.timed_out or res.exit_code not in (0,):
-            what = " ".join(flags.first("outage") or ["exit", str(res.exit_code)])
+        flags = script.outcome(res)  # decisions from the exit status (GYM-10), never from printed lines
+        if flags.has("outage") or not flags.finished:
+            what = " ".join((flags.first("outage") if flags.has("outage") else None) or ["exit", str(res.exit_code)])
             raise SandboxError(f"housekeeping failed ({what}): {res.stderr[-300:]}", field=t.step.name,
                                rule="TURN-8", retryable=True)
         if flags.has("workdir_failed"):

@@ -38,17 +38,26 @@ class ManifestEntry:
     source: str
     destination: str
     type: str  # "file" | "directory"
-    status: str  # "ok" | "failed" | "empty" | "skipped"
+    status: str  # "ok" | "failed" | "empty" | "skipped" | "truncated" (GYM-10: a cap cut something)
     service: str | None = None
     exclude: tuple[str, ...] = ()
     origin: str | None = None
+    #: GYM-10: links found in the entry (path relative to the entry -> target), recorded, never followed.
+    links: dict[str, str] = field(default_factory=dict, hash=False)
+    #: GYM-10: paths not copied (fifo, device, socket, bad name, budget), path -> why.
+    refused: dict[str, str] = field(default_factory=dict, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """ART-4's JSON object for this entry (``origin`` left out under Harbor)."""
+        """ART-4's JSON object for this entry (``origin`` left out under Harbor; ``links``/``refused`` only when
+        there are some)."""
         data = {"source": self.source, "destination": self.destination, "type": self.type, "status": self.status,
                 "service": self.service, "exclude": list(self.exclude)}
         if self.origin is not None:
             data["origin"] = self.origin
+        if self.links:
+            data["links"] = dict(self.links)
+        if self.refused:
+            data["refused"] = dict(self.refused)
         return data
 
 

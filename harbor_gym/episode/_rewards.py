@@ -1,5 +1,10 @@
 """Pure reward-file deciders: parse ``reward.json``/``reward.txt`` (SPEC RWD-1..4, DIFF-20) and the turn reward
-(RWD-5). No I/O: the engine reads the files and hands their text here."""
+(RWD-5). No I/O: the engine copies the files out (GYM-10) and hands their bytes here.
+
+Size cap (RWD-1..3, GYM-10): a reward file longer than ``EnvConfig.reward_file_cap_bytes`` (64 KiB by default)
+is invalid, never truncated and never judged on its first bytes; so is a reward file that is not a regular file
+(a link is never followed).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["RewardReading", "parse_reward_txt", "parse_reward_json", "read_reward_files", "turn_reward"]
+__all__ = ["RewardReading", "parse_reward_txt", "parse_reward_json", "read_reward_files", "reward_reading",
+           "turn_reward", "REWARD_FILES"]
+
+#: The reward files of ``/logs/verifier``, in RWD-1 order.
+REWARD_FILES = ("reward.json", "reward.txt")
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,27 @@ def read_reward_files(
             return RewardReading(False, {}, "reward.txt", "reward.txt is not one finite number (RWD-2)")
         return RewardReading(True, {"reward": value}, "reward.txt")
     return RewardReading(False, {}, None, "no reward file in /logs/verifier (RWD-1)")
+
+
+def reward_reading(report: Any, cap: int, *, booleans_are_numbers: bool = False) -> RewardReading:
+    """RWD-1..3 from a `CopyReport` of ``/logs/verifier`` (``None``: nothing could be copied).
+
+    A reward file that exists but is over ``cap`` bytes, or is a link or special file, is invalid (and an invalid
+    ``reward.json`` never falls back to ``reward.txt``).
+    """
+    if report is None or report.kind != "directory":
+        return read_reward_files(None, None)
+    for name in REWARD_FILES:
+        if name in report.links or name in report.refused:
+            return RewardReading(False, {}, name, f"{name} is not a regular file (GYM-10: links are never followed)")
+        got = report.files.get(name)
+        if got is not None and got.truncated:
+            return RewardReading(False, {}, name, f"{name} is over reward_file_cap_bytes ({cap} bytes; RWD-1, GYM-10)")
+        if got is not None:
+            break
+    texts = {n: report.data[n].decode("utf-8", errors="replace") for n in REWARD_FILES if n in report.data}
+    return read_reward_files(texts.get("reward.json"), texts.get("reward.txt"),
+                             booleans_are_numbers=booleans_are_numbers)
 
 
 def turn_reward(rewards: Mapping[str, float]) -> float:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harbor_gym.episode._healthcheck import poll_healthcheck
-from harbor_gym.episode._shell import Script, parse, q
+from harbor_gym.episode._shell import Script, q
 from harbor_gym.episode._staging import STAGE_DIR, ArchiveBuilder
 from harbor_gym.episode._turnstate import _HOUSEKEEPING_S
 from harbor_gym.errors import SandboxError, SeedError
@@ -78,7 +78,8 @@ class SeedPlan:
             stdin = self.archive  # the archive travels on the exec's stdin: no separate upload
             script.add(f"mkdir -p {q(workdir)} && tar -xpf - -C {q(workdir)} || {script.flag('failed')}")
         result = sb.exec(script.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin)
-        if not result.ok or parse(result.stdout, script.marker).has("failed"):
+        done = script.outcome(result)  # the decision comes from the exit status, not from printed lines (GYM-10)
+        if not done.finished or done.has("failed"):
             raise SandboxError(f"seeding commands failed (exit {result.exit_code}): {result.stderr[-500:]}",
                                field="seed", rule="GYM-2", retryable=True)
         hc = self.healthcheck

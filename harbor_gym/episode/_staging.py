@@ -101,11 +101,12 @@ class ArchiveBuilder:
                 info = tarfile.TarInfo(name)
                 info.mode = mode
                 info.mtime = int(os.stat(local).st_mtime) if local is not None else now
-                if local is not None:
+                if local is not None:  # streamed into the archive: one copy in memory, not two (GYM-10 caps)
                     with open(local, "rb") as fh:
-                        payload = fh.read()
-                else:
-                    payload = data or b""
+                        info.size = os.fstat(fh.fileno()).st_size
+                        tar.addfile(info, fh)
+                    continue
+                payload = data or b""
                 info.size = len(payload)
                 tar.addfile(info, io.BytesIO(payload))
         return buf.getvalue()

@@ -16,6 +16,7 @@ from harbor_gym.episode._records import ManifestEntry
 from harbor_gym.episode._rewards import RewardReading
 from harbor_gym.episode._shell import Script
 from harbor_gym.episode._stop import ENGINE_ERROR_KIND
+from harbor_gym.sandbox.channel import CopyBudget
 from harbor_gym.task import Step
 
 __all__ = ["SETUP_FAILED", "WORKDIR_FAILED", "HEALTHCHECK_FAILED", "ENGINE_ERROR_KIND", "one_line", "workdir_cause"]
@@ -26,9 +27,6 @@ HEALTHCHECK_FAILED = "harbor:step_healthcheck_failed"
 
 #: Bound of the engine's own housekeeping execs (clean-up, staging); the deadline may cut it shorter.
 _HOUSEKEEPING_S = 120.0
-#: Bytes of each reward file and of test-stdout.txt read back inline (a longer test-stdout.txt is copied).
-_INLINE_CAP = 65536
-_REWARD_CAP = 262144
 _VERIFIER_TOOLS = ("bash", "timeout", "tar", "gzip", "find")
 
 
@@ -83,6 +81,15 @@ class _Turn:
     outage_cause: str | None = None
     #: GYM-12: a command of the activation lost the harness's exec wrapper (``kill -9 -1``).
     harness_killed: bool = False
+    #: GYM-10: what this turn may still copy out of its sandboxes (set by `copy_budget`).
+    budget: CopyBudget | None = None
+
+    def copy_budget(self, config: Any) -> CopyBudget:
+        """The turn's `CopyBudget` (``EnvConfig.copy_file_cap_bytes`` per file, ``copy_turn_cap_bytes`` in all),
+        shared by its artifact copies and its verifier logs."""
+        if self.budget is None:
+            self.budget = CopyBudget(file_cap=config.copy_file_cap_bytes, turn_cap=config.copy_turn_cap_bytes)
+        return self.budget
 
 
 class _timed:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,20 +14,19 @@ from harbor_gym.agents import agent_identity, build_trajectory
 from harbor_gym.episode._budgets import verifier_budget
 from harbor_gym.episode._freeze import freeze_fragment, parse_exempt
 from harbor_gym.episode._modes import verifier_command
-from harbor_gym.episode._rewards import read_reward_files
-from harbor_gym.episode._shell import Script, parse, q
+from harbor_gym.episode._rewards import REWARD_FILES, RewardReading, reward_reading
+from harbor_gym.episode._shell import Script, q
 from harbor_gym.episode._spec import resolved_env, verifier_spec
 from harbor_gym.episode._staging import STAGE_DIR, ArchiveBuilder
 from harbor_gym.episode._turnstate import (
     _HOUSEKEEPING_S,
-    _INLINE_CAP,
-    _REWARD_CAP,
     _VERIFIER_TOOLS,
     _is_root,
     _Turn,
 )
-from harbor_gym.errors import SandboxError
+from harbor_gym.errors import SandboxError, SandboxPathError
 from harbor_gym.sandbox.base import Sandbox
+from harbor_gym.sandbox.channel import CopiedFile, CopyBudget
 
 __all__: list[str] = []
 
@@ -112,38 +111,33 @@ class _VerifyPhase:
                  f"tar -xpf - -C / || {prep.flag('outage', 'stage')}; chmod +x /tests/test.sh 2>/dev/null")
         run = Script() if not as_root else prep
         run.add(f"cd {q(sb.workdir)} 2>/dev/null || cd /")
-        run.add(f"{verifier_command(budget, harbor=self._harbor)}; echo {q(run.marker)} rc $?")
-        self._emit(run)
-        if as_root and shared and not is_last:
-            # TURN-2 for the next turn, folded in when nothing more has to be copied out first.
-            run.add("n=$(find /logs/verifier -mindepth 1 -maxdepth 1 ! -name reward.json ! -name reward.txt "
-                    "! -name test-stdout.txt | wc -l); s=$(wc -c < /logs/verifier/test-stdout.txt 2>/dev/null "
-                    f"|| echo 0); if [ \"$n\" = 0 ] && [ \"$s\" -le {_INLINE_CAP} ]; then "
-                    "find /tests /logs/verifier -mindepth 1 -maxdepth 1 -exec rm -rf {} + ; "
-                    "chmod 0777 /logs/verifier; rm -f /logs/agent/trajectory.json; "
-                    f"{run.note('cleaned')}; fi")
+        # test.sh's exit code is a note (VER-9: it never changes the reward); a timeout (124/137) is a decision
+        run.add(f"{verifier_command(budget, harbor=self._harbor)}; hgrc=$?; {run.note('rc', '$hgrc')}")
+        if not self._harbor:
+            run.add(f"case $hgrc in 124|137) {run.flag('vtimeout')};; esac")
         host_wait = budget + (5.0 if self._harbor else self.config.verifier_grace_s)
-        pflags = None
+        pre_out = None
         if not as_root:
             pre = self._exec(sb, prep.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin)
-            pflags = parse(pre.stdout, prep.marker)
-            if self._masked_by(t, pflags):
+            pre_out = prep.outcome(pre)
+            if self._masked_by(t, pre_out):
                 return
-            if pflags.has("outage") or not pre.ok:
+            if pre_out.has("outage") or not pre_out.finished:
                 raise SandboxError(f"verifier staging failed: {pre.stderr[-300:]}", field=step.name, rule="VER-6",
                                    retryable=True)
         res = self._exec(sb, run.text(), timeout=host_wait, user="root" if as_root else user, env=env,
                          stdin=stdin if as_root else None)
-        flags = parse(res.stdout, run.marker)
-        if as_root and self._masked_by(t, flags):
+        out = run.outcome(res)
+        if as_root and self._masked_by(t, out):
             return
-        if as_root and flags.has("outage"):
+        if as_root and out.has("outage"):
             raise SandboxError(f"verifier staging failed: {res.stderr[-300:]}", field=step.name, rule="VER-6",
                                retryable=True)
-        rc = flags.first("rc")
-        art_noted = (pflags or flags).has("art")
+        if res.timed_out or not out.finished or out.has("vtimeout"):
+            # VER-7: the host stopped waiting, or timeout(1) ended test.sh; what it left is read all the same
+            t.verifier_timed_out = True
         if shared and self._freeze is not None:  # GYM-11: the services left running, for the turn record
-            frozen = pflags or flags
+            frozen = pre_out or out
             t.freeze_exempt = parse_exempt(frozen)
             if frozen.has("freeze_unavailable"):
                 _log.warning("freeze of %s: the verifier's exec is not in a PID namespace of its own: nothing was "
@@ -151,34 +145,67 @@ class _VerifyPhase:
             if frozen.has("freeze_incomplete"):
                 _log.warning("freeze of %s: processes not stopped within the bound: %s", step.name,
                              frozen.first("freeze_incomplete"))
-        if res.timed_out or rc is None:
-            # The host stopped waiting (VER-7): read what the verifier left in a second call.
-            t.verifier_timed_out = True
-            again = Script()
-            self._emit(again)
-            res2 = sb.exec(again.text(), timeout=_HOUSEKEEPING_S, user="root")
-            flags = parse(res2.stdout, again.marker)
-        elif not self._harbor and rc and rc[0] in ("124", "137"):
-            t.verifier_timed_out = True
         if t.art_snapshot:
             # the snapshot note comes from the first exec; after a host-side kill it may be lost: then try
-            self._snapshot_artifacts(t, sb, art_noted or t.verifier_timed_out)
-        files = flags.files
-        t.reading = read_reward_files(
-            files["reward.json"][1] if "reward.json" in files else None,
-            files["reward.txt"][1] if "reward.txt" in files else None,
-            booleans_are_numbers=self._harbor)
+            self._snapshot_artifacts(t, sb, (pre_out or out).has("art") or t.verifier_timed_out)
+        t.reading = self._read_verifier_logs(t, sb)
         if shared:
-            self._cleanup_pending = not flags.has("cleaned")
-        self._write_verifier_logs(t, sb, flags)
+            self._cleanup_pending = True  # TURN-2 before the next turn (folded into its preparation exec)
 
-    def _emit(self, script: Script) -> None:
-        script.emit_file("/logs/verifier/reward.json", "reward.json", _REWARD_CAP)
-        script.emit_file("/logs/verifier/reward.txt", "reward.txt", _REWARD_CAP)
-        script.emit_file("/logs/verifier/test-stdout.txt", "test-stdout.txt", _INLINE_CAP)
-        script.add("for f in /logs/verifier/* /logs/verifier/.[!.]*; do [ -e \"$f\" ] || continue; "
-                   "case \"${f##*/}\" in reward.json|reward.txt|test-stdout.txt) ;; *) "
-                   + script.note("extra", '"${f##*/}"') + ";; esac; done")
+    def _read_verifier_logs(self, t: _Turn, sb: Sandbox) -> RewardReading:
+        """RWD-1, GYM-10: ``/logs/verifier`` crosses to the turn's verifier folder through the trusted channel
+        (`Sandbox.copy_out`, one engine request on Docker), capped by the turn's `CopyBudget` (test-stdout.txt
+        included); the reward files are read from that same copy, outside the turn budget, and are invalid over
+        ``EnvConfig.reward_file_cap_bytes`` or when they are not regular files (links are never followed). Exec
+        output plays no part: nothing a sandbox process prints can name a host file or a reward."""
+        cap = self.config.reward_file_cap_bytes
+        staging = t.dirs.turn / ".hg-verifier-copy"
+        shutil.rmtree(staging, ignore_errors=True)
+        report = None
+        try:
+            report = sb.copy_out("/logs/verifier", staging, budget=t.copy_budget(self.config),
+                                 reserved={name: cap for name in REWARD_FILES})
+        except SandboxPathError:
+            _log.warning("verifier of %s left no /logs/verifier", t.step.name)
+        except SandboxError as exc:
+            if not sb.is_alive():
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            _log.warning("could not copy /logs/verifier of %s: %s", t.step.name, exc)
+        try:
+            if report is not None and report.kind == "directory" and report.cut:
+                self._reward_files_alone(t, sb, report, staging, cap)
+            if report is not None and report.kind == "directory":
+                _move_children(staging, t.dirs.verifier, step=t.step.name)
+                if report.truncated or report.links or report.refused:
+                    _log.warning("/logs/verifier of %s: truncated %s, links %s, refused %s (GYM-10)", t.step.name,
+                                 sorted(n for n, f in report.files.items() if f.truncated), sorted(report.links),
+                                 sorted(report.refused))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return reward_reading(report, cap, booleans_are_numbers=self._harbor)
+
+    def _reward_files_alone(self, t: _Turn, sb: Sandbox, report: Any, staging: Path, cap: int) -> None:
+        """The copy of ``/logs/verifier`` was cut (a huge log before the reward files in the engine's stream, or
+        the turn budget spent): the reward files it did not reach are copied alone, one engine request each, so
+        that a large log never costs a reward (each read at most ``cap`` + 1 bytes, outside the turn budget)."""
+        seen = set(report.files) | set(report.links) | set(report.refused)
+        for name in REWARD_FILES:
+            if name in seen:
+                continue
+            alone = CopyBudget(file_cap=cap + 1, turn_cap=cap + (64 << 10))
+            try:
+                got = sb.copy_out(f"/logs/verifier/{name}", staging / name, budget=alone, reserved={"": cap})
+            except SandboxPathError:
+                continue
+            except SandboxError as exc:
+                _log.warning("could not copy %s of %s: %s", name, t.step.name, exc)
+                continue
+            if got.kind == "file":
+                report.files[name] = got.files.get("", CopiedFile(0, True))
+                report.data[name] = got.data.get("", b"")
+            elif got.kind is not None:
+                report.refused[name] = got.kind
 
     def _masked_by(self, t: _Turn, flags: Any) -> bool:
         """VER-11: a missing tool masks the turn (``mask_reason = "verifier_error"``); test.sh did not start."""
@@ -191,19 +218,24 @@ class _VerifyPhase:
         _log.warning("verifier of %s masked: missing %s (VER-11)", t.step.name, names)
         return True
 
-    def _write_verifier_logs(self, t: _Turn, sb: Sandbox, flags: Any) -> None:
-        out = t.dirs.verifier
-        for name, (size, text) in flags.files.items():
-            (out / name).write_text(text)
-        big = "test-stdout.txt" in flags.files and flags.files["test-stdout.txt"][0] > _INLINE_CAP
-        if flags.has("extra") or big:
-            with tempfile.TemporaryDirectory(prefix="hg-ver-") as tmp:
-                try:
-                    got = sb.get("/logs/verifier", Path(tmp))
-                    shutil.copytree(got, out, dirs_exist_ok=True)
-                except SandboxError as exc:
-                    _log.warning("could not copy /logs/verifier of %s: %s", t.step.name, exc)
-
     def _has_result(self, t: _Turn) -> bool:
         """A valid reward file; under Harbor a timed-out verifier has no result (DIFF-15)."""
         return bool(t.reading and t.reading.valid and not (self._harbor and t.verifier_timed_out))
+
+
+def _move_children(src: Path, dest: Path, *, step: str) -> None:
+    """Move the copied ``/logs/verifier`` entries into the turn's verifier folder. ``artifacts`` is the engine's
+    own (ART-4: the collected artifacts and their manifest), so a verifier's folder of that name is not merged
+    over it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for child in sorted(os.listdir(src)):
+        if child == "artifacts":
+            _log.warning("verifier of %s wrote /logs/verifier/artifacts: not copied over the engine's artifacts/",
+                         step)
+            continue
+        target = dest / child
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        os.rename(src / child, target)

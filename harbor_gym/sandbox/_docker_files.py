@@ -1,4 +1,7 @@
-"""File transfer for a `DockerSandbox`: `DockerFilesMixin` (put/put_bytes/get/read_file through tar archives).
+"""File transfer for a `DockerSandbox`: `DockerFilesMixin` (put/put_bytes/get/copy_out/read_file through tar archives).
+
+``copy_out`` is the trusted channel out of the container (GYM-10): the engine's archive stream, read
+incrementally under a `channel.CopyBudget` (see `harbor_gym.sandbox.channel`).
 
 ``put``/``put_bytes`` send one archive (owner and mode in its headers), ``get`` extracts the engine's archive
 refusing escaping members, ``read_file`` reads only as much of the first member as needed (one engine
@@ -11,8 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harbor_gym.errors import SandboxError
-from harbor_gym.sandbox import archives
+from harbor_gym.errors import SandboxError, SandboxPathError
+from harbor_gym.sandbox import archives, channel
 from harbor_gym.sandbox._engine import translate_error
 
 if TYPE_CHECKING:
@@ -95,6 +98,39 @@ class DockerFilesMixin:
             translate_error(exc, what=f"get {src}", sandbox=self.name, path=src)
         name = tops[0] if tops else src.rstrip("/").rsplit("/", 1)[-1]
         return Path(dest_dir) / name
+
+    def copy_out(self, src: str, dest: Path, *, budget: channel.CopyBudget,
+                 reserved: dict[str, int] | None = None) -> channel.CopyReport:
+        """GYM-10: copy ``src`` to the host path ``dest`` through the engine's archive API, capped by ``budget``
+        (see `Sandbox.copy_out`). One engine request.
+
+        Raises:
+            SandboxPathError: ``src`` does not exist. SandboxError: the container is gone or the engine failed.
+        """
+        import docker.errors
+
+        cid = self._require_running()
+        try:
+            stream, _stat = self.client.api.get_archive(cid, src, chunk_size=1 << 16)
+        except docker.errors.NotFound as exc:
+            self._count()
+            if "no such container" in str(getattr(exc, "explanation", "") or exc).lower():
+                translate_error(exc, what=f"copy {src}", sandbox=self.name)
+            raise SandboxPathError(f"no such file or folder in sandbox {self.name}", path=src,
+                                   field="copy_out") from exc
+        except Exception as exc:
+            self._count()
+            translate_error(exc, what=f"copy {src}", sandbox=self.name, path=src)
+        self._count()
+        try:
+            return channel.copy_tar_stream(stream, Path(dest), budget, reserved=reserved)
+        except SandboxError:
+            raise
+        except Exception as exc:
+            translate_error(exc, what=f"copy {src}", sandbox=self.name, path=src)
+        finally:
+            if hasattr(stream, "close"):
+                stream.close()
 
     def read_file(self, path: str, *, max_bytes: int, _hops: int = 0) -> bytes | None:
         """The first ``max_bytes`` bytes of the regular file ``path`` (a symlink is followed); ``None`` if it is

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     from harbor_gym.config import EnvConfig
+    from harbor_gym.sandbox.channel import CopyBudget, CopyReport
 
 __all__ = [
     "SandboxSpec",
@@ -251,6 +252,21 @@ class Sandbox(Protocol):
 
         Members that would escape ``dest_dir`` (absolute paths, ``..``, links pointing out) are refused with
         `ArchiveError` and nothing of the archive is written. Raises `SandboxPathError` if ``src`` is missing."""
+
+    def copy_out(self, src: str, dest: Path, *, budget: "CopyBudget",
+                 reserved: Mapping[str, int] | None = None) -> "CopyReport":
+        """GYM-10, the trusted channel: copy the file or folder ``src`` to the host path ``dest`` (a folder's
+        contents into the folder ``dest``) through a path no sandbox process can write into or spoof (Docker: the
+        engine's archive API; local: host-side ``O_NOFOLLOW`` reads beneath the sandbox's root).
+
+        Only folders and regular files are created; links are recorded, never created or followed; fifos,
+        devices and sockets are refused; names stay below ``dest``; real bytes read are capped by ``budget``
+        (per file and per turn) and ``reserved`` names (relative path -> cap) are read up to their cap + 1 byte
+        outside the turn budget. See `harbor_gym.sandbox.channel`.
+
+        Raises:
+            SandboxPathError: ``src`` does not exist. SandboxError: the sandbox is gone or the backend failed.
+        """
 
     def read_file(self, path: str, *, max_bytes: int) -> bytes | None:
         """The first ``max_bytes`` bytes of the regular file ``path``, or ``None`` if it does not exist."""

@@ -13,7 +13,8 @@ Bytes leave a sandbox only through a path no process inside it can write into or
 What lands on the host, whatever the sandbox holds:
 
 - Names are relative to the copy's destination, without ``..`` or absolute parts; anything else is refused.
-- Only folders and regular files are created on the host. Symbolic and hard links are recorded
+- Only folders and regular files are created on the host; files keep their permission bits (``& 0o777``: never
+  setuid, setgid or sticky), owners are the calling user. Symbolic and hard links are recorded
   (`CopyReport.links`, name -> target) and never created nor followed; devices, fifos and sockets are recorded as
   refused (`CopyReport.refused`).
 - Sizes are capped in real bytes read (`CopyBudget`): at most ``file_cap`` bytes per file (a longer file is cut and
@@ -128,12 +129,15 @@ class _Writer:
     def mkdir(self, rel: str) -> None:
         self.path(rel).mkdir(parents=True, exist_ok=True)
 
-    def open(self, rel: str) -> int:
+    def open(self, rel: str, mode: int) -> int:
+        """A new file ``rel`` with the permission bits ``mode & 0o777`` (no setuid/setgid/sticky on the host)."""
         target = self.path(rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink() or target.is_dir():
             raise OSError(errno.EEXIST, "a folder or link is in the way", str(target))
-        return os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, mode & 0o777)
+        return fd
 
 
 def _file_cap(rel: str, budget: CopyBudget, reserved: Mapping[str, int]) -> tuple[int, bool]:
@@ -238,7 +242,7 @@ def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str, writer
                  reserved: Mapping[str, int], rep: CopyReport) -> None:
     cap, charged = _file_cap(rel, budget, reserved)
     try:
-        fd = writer.open(rel)
+        fd = writer.open(rel, member.mode)
     except OSError:
         rep.refused[rel] = "name clash"
         return
@@ -320,7 +324,7 @@ def _copy_entry(fd: int, rel: str, name: str, writer: _Writer, budget: CopyBudge
         finally:
             os.close(dfd)
     elif stat.S_ISREG(st.st_mode):
-        _copy_regular(fd, rel, writer, budget, reserved, rep)
+        _copy_regular(fd, rel, writer, budget, reserved, rep, st.st_mode)
     else:
         rep.refused[rel] = ("fifo" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode)
                             else "device")
@@ -328,10 +332,10 @@ def _copy_entry(fd: int, rel: str, name: str, writer: _Writer, budget: CopyBudge
 
 
 def _copy_regular(fd: int, rel: str, writer: _Writer, budget: CopyBudget, reserved: Mapping[str, int],
-                  rep: CopyReport) -> None:
+                  rep: CopyReport, mode: int) -> None:
     cap, charged = _file_cap(rel, budget, reserved)
     try:
-        out = writer.open(rel)
+        out = writer.open(rel, mode)
     except OSError:
         rep.refused[rel] = "name clash"
         return

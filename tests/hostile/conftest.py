@@ -55,3 +55,12 @@ def _nothing_labelled_left(request):
             pytest.fail(f"P3 violated: labelled resources left behind: {left}")
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_scan_stamp(tmp_path_factory):
+    """GYM-10's mechanical check: a stamp file touched before the first hostile test of the session;
+    ``test_zz_host_scan.py`` (collected last) lists every file of the host newer than it."""
+    stamp = tmp_path_factory.getbasetemp() / "host-scan.stamp"
+    stamp.touch()
+    return stamp

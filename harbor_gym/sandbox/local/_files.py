@@ -1,18 +1,21 @@
 """File transfer for a local sandbox: `LocalFilesMixin`, the put/put_bytes/get/read_file of `LocalSandbox`.
 
-``put``/``put_bytes``/``get`` move archives through the sandbox's own ``tar`` run as root; ``read_file``
-reads from the host through the sandbox's root without following any link out of it. Owners are resolved from
+``put``/``put_bytes``/``get`` move archives through the sandbox's own ``tar`` run as root; ``read_file`` and
+``copy_out`` (the trusted channel out of the sandbox, GYM-10) read from the host beneath the sandbox's root, every
+component opened with ``O_NOFOLLOW`` relative to its parent (no sandbox binary runs, no link is followed out).
+The engine uses ``copy_out`` only; ``get`` is kept for callers that want links recreated. Owners are resolved from
 the sandbox's /etc/passwd and /etc/group, never the host's.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from harbor_gym.errors import SandboxError, SandboxPathError
-from harbor_gym.sandbox import archives
+from harbor_gym.sandbox import archives, channel
 from harbor_gym.sandbox.local import _rootfs
 from harbor_gym.sandbox.local._exec import _abs
 
@@ -92,6 +95,43 @@ class LocalFilesMixin:
         finally:
             archive.unlink(missing_ok=True)
         return Path(dest_dir) / base
+
+    def copy_out(self, src: str, dest: Path, *, budget: channel.CopyBudget,
+                 reserved: dict[str, int] | None = None) -> channel.CopyReport:
+        """GYM-10: copy ``src`` to the host path ``dest`` by host-side reads beneath the sandbox's root (see
+        `Sandbox.copy_out`). The folders above ``src`` resolve inside the root the way the sandbox sees them
+        (a link there restarts at the sandbox's root, never the host's); ``src`` itself and everything below it
+        are opened with ``O_NOFOLLOW`` only.
+
+        Raises:
+            SandboxPathError: ``src`` does not exist. SandboxError: the sandbox is not running or a read failed.
+        """
+        pid = self._require_running()
+        parent, base = _split(_abs(src))
+        root = f"/proc/{pid}/root"
+        try:
+            root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+        except OSError as exc:
+            raise SandboxError(f"local sandbox {self.name} is gone: {exc}", path=src, field="copy_out",
+                               retryable=True) from exc
+        try:
+            try:
+                parent_fd = _rootfs.open_in_root(root, parent, flags=os.O_PATH | os.O_DIRECTORY)
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                raise SandboxPathError(f"no such file or folder in local sandbox {self.name}", path=src,
+                                       field="copy_out") from exc
+            try:
+                report = channel.copy_from_root(root_fd, parent_fd, base, Path(dest), budget, reserved=reserved)
+            finally:
+                os.close(parent_fd)
+        except OSError as exc:
+            raise SandboxError(f"cannot copy {src} out of local sandbox {self.name}: {exc}", path=src,
+                               field="copy_out") from exc
+        finally:
+            os.close(root_fd)
+        if report.kind is None:
+            raise SandboxPathError(f"no such file or folder in local sandbox {self.name}", path=src, field="copy_out")
+        return report
 
     def read_file(self, path: str, *, max_bytes: int) -> bytes | None:
         """The first ``max_bytes`` of the regular file ``path`` (``None`` if it is not one), read from the host

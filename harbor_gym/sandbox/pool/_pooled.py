@@ -71,6 +71,9 @@ class PooledSandbox:
     def read_file(self, path: str, *, max_bytes: int) -> bytes | None:
         return self._inner.read_file(path, max_bytes=max_bytes)
 
+    def copy_out(self, src: str, dest: "Path", *, budget, reserved=None):
+        return self._inner.copy_out(src, dest, budget=budget, reserved=reserved)
+
     def is_alive(self) -> bool:
         return not self._stopped and self._inner.is_alive()
 

@@ -11,9 +11,11 @@ from harbor_gym.sandbox.base import SandboxSettings
 
 pytestmark = pytest.mark.docker
 
-#: Per oracle turn of cake: exec (solution on stdin, place it, run solve.sh)
-#: + exec (tests + trajectory on stdin, snapshot artifacts, verify, read rewards, clean up); exec = create + start.
-TURN_REQUESTS = 4
+#: Per oracle turn of cake: exec (solution on stdin, place it, run solve.sh; TURN-2 clean-up of the previous turn)
+#: + exec (tests + trajectory on stdin, snapshot artifacts, verify); exec = create + start
+#: + one archive GET of /logs/verifier: GYM-10, results cross only through the engine's archive API, never through
+#: exec output (the clean-up therefore moves to the next turn's first exec, as no exec can follow the read-back).
+TURN_REQUESTS = 5
 
 
 def test_cake_turn_engine_requests_pinned(envs_dir):

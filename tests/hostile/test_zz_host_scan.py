@@ -1,0 +1,34 @@
+"""GYM-10, mechanical: after the hostile suite (this module is collected last in tests/hostile/), a scan of the
+host's root filesystem finds no file newer than the session's stamp outside the run's folders and scratch.
+
+Left out of the scan, each for a stated reason: pseudo and runtime filesystems (``/proc``, ``/sys``, ``/dev``,
+``/run``); scratch (``/tmp``, ``/var/tmp``: pytest's folders, local sandboxes' layers, temporary log folders);
+the engines' data roots (``/var/lib/docker``, ``/var/lib/containerd``, ``/var/lib/harbor-gym``); logs and package
+caches (``/var/log``, ``/var/cache``, ``/root/.cache``: pip caches and harbor_gym's lease folder); the working
+trees (``/work``: the repository and its notes, edited by people at the same time); Python bytecode caches.
+Other filesystems than ``/`` are not crossed (``-xdev``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+PRUNED = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/lib/docker", "/var/lib/containerd",
+          "/var/lib/harbor-gym", "/var/log", "/var/cache", "/root/.cache", "/work")
+
+
+def new_files(stamp) -> list[str]:
+    """Files and links on ``/`` newer than ``stamp``, outside `PRUNED` and ``__pycache__`` folders."""
+    prune: list[str] = []
+    for path in PRUNED:
+        prune += ["-path", path, "-o"]
+    cmd = ["find", "/", "-xdev", "(", *prune, "-name", "__pycache__", ")", "-prune", "-o",
+           "(", "-type", "f", "-o", "-type", "l", ")", "-newer", str(stamp), "-print"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return sorted(line for line in out.stdout.splitlines() if line and not line.endswith(".pyc"))
+
+
+# SPEC: GYM-10 (no file appeared on the host outside the run's folders and scratch during the hostile suite)
+def test_gym_10_no_new_host_file_after_the_hostile_suite(host_scan_stamp):
+    found = new_files(host_scan_stamp)
+    assert found == [], f"new host files since the hostile suite started: {found[:50]}"
