@@ -8,9 +8,10 @@ it (which cannot work with a remote engine). So the lease lives beside the engin
 - **The reaper** is the container `REAPER_NAME` (``harbor-gym-reaper-<hash of its program>``), one per engine and
   harbor_gym version (so that processes of two versions never fight over one reaper; each reaper removes only
   resources labelled `REAPED_BY_LABEL` with its name, and an old version's reaper is removed once no resource names
-  it), created on first use by any harbor_gym process from `REAPER_IMAGE` (through ``image_aliases``; it needs only ``python3``), with restart policy
-  ``unless-stopped``, no network, and the engine's socket mounted. Its program is `_reaper_script` (pure standard
-  library), uploaded with ``put_archive`` before the container starts. Every 2 s it removes every container,
+  it), created on first use by any harbor_gym process from `REAPER_IMAGE` (through ``image_aliases``; it needs
+  only ``python3``), with restart policy ``unless-stopped``, no network, and the engine's socket mounted. Its
+  program is `_reaper_script` (pure standard library), uploaded with ``put_archive`` before the container starts.
+  Every 2 s it starts removing (each removal in its own thread, so a slow one holds up none) every container,
   network and volume labelled `LEASE_LABEL` whose lease is stale (not renewed for the resource's ``lease_ttl_s``
   plus 10 s allowed for a loaded engine's delay in applying a renewal, plus twice the slowest archive upload the
   reaper measured on the engine in the last two minutes: an overloaded engine delays removal rather than removing
@@ -161,9 +162,11 @@ def ensure_reaper(client: "docker.DockerClient", settings: SandboxSettings | Non
                                               field="backend", retryable=True) from exc
             raise SandboxUnavailableError(f"the lease reaper ({REAPER_NAME}): the engine does not answer: {exc}",
                                           field="backend", retryable=True) from exc
-    _remove_idle_old_reapers(api)
     with _lock:
+        first = key not in _ensured
         _ensured[key] = time.monotonic()
+    if first:  # once per process and engine: old versions' reapers are rare, their removal is not free
+        _remove_idle_old_reapers(api)
     return attrs.get("Id", REAPER_NAME)
 
 

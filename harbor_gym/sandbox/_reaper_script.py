@@ -33,6 +33,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 import urllib.parse
 from datetime import datetime
@@ -71,11 +72,11 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def call(method: str, path: str, query: dict | None = None) -> tuple[int, bytes]:
+def call(method: str, path: str, query: dict | None = None, timeout: float = 120.0) -> tuple[int, bytes]:
     """One engine API request; returns (status, body)."""
     if query:
         path = f"{path}?{urllib.parse.urlencode(query)}"
-    conn = _UnixConnection(SOCKET)
+    conn = _UnixConnection(SOCKET, timeout=timeout)
     try:
         conn.request(method, path)
         response = conn.getresponse()
@@ -197,15 +198,47 @@ def _resources() -> list[tuple[str, str, str, dict, float]]:
 
 def _remove(kind: str, ident: str) -> int:
     if kind == "container":
-        return call("DELETE", f"/containers/{ident}", {"force": "1", "v": "1"})[0]
+        return call("DELETE", f"/containers/{ident}", {"force": "1", "v": "1"}, timeout=REMOVE_TIMEOUT_S)[0]
     if kind == "network":
-        return call("DELETE", f"/networks/{ident}")[0]
-    return call("DELETE", f"/volumes/{ident}", {"force": "1"})[0]
+        return call("DELETE", f"/networks/{ident}", timeout=REMOVE_TIMEOUT_S)[0]
+    return call("DELETE", f"/volumes/{ident}", {"force": "1"}, timeout=REMOVE_TIMEOUT_S)[0]
+
+
+#: Removals under way (a loaded engine can take minutes to remove one container; the pass does not wait for them).
+_in_flight: set[str] = set()
+_in_flight_lock = threading.Lock()
+REMOVE_TIMEOUT_S = 900.0
+
+
+def _remove_in_background(kind: str, ident: str, name: str) -> bool:
+    """Start removing one resource in a daemon thread; False if its removal is already under way."""
+    with _in_flight_lock:
+        if ident in _in_flight:
+            return False
+        _in_flight.add(ident)
+
+    def work() -> None:
+        try:
+            status = _remove(kind, ident)
+            if status < 300 or status == 404:
+                print(f"reaper: removed {kind} {name} (lease stale)", flush=True)
+            elif status != 409:  # 409: already being removed
+                print(f"reaper: removing {kind} {name} answered {status}; retried next pass", file=sys.stderr,
+                      flush=True)
+        except Exception as exc:  # retried at a later pass
+            print(f"reaper: removing {kind} {name} failed: {exc!r}", file=sys.stderr, flush=True)
+        finally:
+            with _in_flight_lock:
+                _in_flight.discard(ident)
+
+    threading.Thread(target=work, name=f"remove-{name}", daemon=True).start()
+    return True
 
 
 def reap_once(started: float, now: float | None = None, probe: Probe | None = None) -> list[str]:
-    """One pass: remove every stale labelled resource (containers first, then networks and volumes, which the
-    engine refuses while a container still uses them; the next pass retries). Returns what was removed."""
+    """One pass: start removing every stale labelled resource (containers first, then networks and volumes, which
+    the engine refuses while a container still uses them; the next pass retries), each in its own thread so that a
+    slow removal never holds up the others. Returns what it started removing."""
     now = time.time() if now is None else now
     lag = probe.lag(time.time()) if probe is not None else 0.0
     removed = []
@@ -214,11 +247,8 @@ def reap_once(started: float, now: float | None = None, probe: Probe | None = No
         state = lease_state(labels.get(LEASE_LABEL, ""))
         if not is_stale(state, ttl=ttl_of(labels), created=created, started=started, now=now, engine_lag=lag):
             continue
-        status = _remove(kind, ident)
-        if status < 300 or status == 404:
+        if _remove_in_background(kind, ident, name):
             removed.append(f"{kind} {name}")
-        else:
-            print(f"reaper: removing {kind} {name} answered {status}; retried next pass", file=sys.stderr)
     return removed
 
 
@@ -247,15 +277,12 @@ def main() -> None:
         with open(STARTED, "w") as fh:
             fh.write(repr(started))
     print(f"reaper: watching label {LEASE_LABEL} every {POLL_S:g} s", flush=True)
-    import threading
-
     probe = Probe()
     threading.Thread(target=probe.run, name="probe", daemon=True).start()
     passes = 0
     while True:
         try:
-            for what in reap_once(started, probe=probe):
-                print(f"reaper: removed {what} (lease stale)", flush=True)
+            reap_once(started, probe=probe)
         except Exception as exc:  # the engine restarting, a slow answer: keep going
             print(f"reaper: pass failed: {exc!r}", file=sys.stderr, flush=True)
         passes += 1

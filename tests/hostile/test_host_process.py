@@ -1,6 +1,6 @@
 """P3 "everything it started is gone afterwards", for the host process itself: SIGINT and SIGTERM during a turn of
-``harbor-gym run`` and of a vector env (sandboxes removed, finished results kept), SIGKILL (the lease removes its
-sandboxes within TTL + check interval), and a soak of 200+ episodes over 8 concurrent envs that leaves nothing
+``harbor-gym run`` and of a vector env (sandboxes removed, finished results kept), SIGKILL (the engine's reaper
+removes its sandboxes within TTL + 20 s), and a soak of 200+ episodes over 8 concurrent envs that leaves nothing
 labelled and does not grow the host process (RSS, file descriptors, threads)."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ KILL_CHILD = textwrap.dedent("""
 """)
 
 
-# SPEC: GYM-7 (P3: a SIGKILLed host process's sandboxes disappear within the lease bound TTL + check interval)
+# SPEC: GYM-7, GYM-10 (P3: a SIGKILLed host process's sandboxes are removed by the reaper within TTL + 20 s)
 def test_p3_sigkill_of_the_host_process_leases_remove_its_sandboxes(tmp_path, docker_client):
     data = _tasks(tmp_path)
     code = KILL_CHILD.format(ttl=TTL, k=LABEL[0], v=LABEL[1])
@@ -129,9 +129,11 @@ def test_p3_sigkill_of_the_host_process_leases_remove_its_sandboxes(tmp_path, do
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         t0 = time.monotonic()
-        bound = TTL + max(1, min(5, TTL // 4)) + 5  # TTL + check interval + engine removal
-        wait_until(lambda: labelled(docker_client) == [], bound + 5, "the lease to remove the sandbox")
-        assert time.monotonic() - t0 <= bound + 5
+        bound = TTL + 20  # GYM-10: the engine's reaper acts within lease_ttl_s + 20 s
+        # gone, or being removed at the reaper's request (a loaded engine's own removal can take minutes)
+        wait_until(lambda: all(c["State"] == "removing" for c in labelled(docker_client)), bound,
+                   "the reaper to remove the sandbox")
+        wait_until(lambda: labelled(docker_client) == [], 300, "the engine to finish removing the sandbox")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -80,9 +80,10 @@ def labelled(client, group_name: str) -> dict[str, list[str]]:
     """Names of the containers, networks and volumes carrying the group's label."""
     selector = {"label": f"{GROUP_LABEL}={group_name}"}
     return {
-        "containers": [c.name for c in client.containers.list(all=True, filters=selector)],
-        "networks": [n.name for n in client.networks.list(filters=selector)],
-        "volumes": [v.name for v in client.volumes.list(filters=selector)],
+        "containers": [(c.get("Names") or [c["Id"]])[0].lstrip("/")
+                       for c in client.api.containers(all=True, filters=selector)],
+        "networks": [n["Name"] for n in client.api.networks(filters=selector)],
+        "volumes": [v["Name"] for v in (client.api.volumes(filters=selector) or {}).get("Volumes") or []],
     }
 
 
@@ -346,8 +347,12 @@ def test_compose_1_the_reaper_removes_a_group_whose_lease_goes_stale(tmp_path, d
         (tmp_path / "leases" / f"{lease.run_id}.lease").unlink()
         assert all(gc_dead(labels) for labels in resources)  # `harbor-gym gc` agrees on this host
         deadline = time.monotonic() + 2 + 20
-        while labelled(docker_client, group.name) != {"containers": [], "networks": [], "volumes": []}:
+        while any(c["State"] != "removing" for c in docker_client.api.containers(all=True, filters=selector)):
             assert time.monotonic() < deadline, f"outlived its lease: {labelled(docker_client, group.name)}"
+            time.sleep(0.5)  # gone, or being removed at the reaper's request (a loaded engine takes its time)
+        deadline = time.monotonic() + 300
+        while labelled(docker_client, group.name) != {"containers": [], "networks": [], "volumes": []}:
+            assert time.monotonic() < deadline, f"the engine did not finish: {labelled(docker_client, group.name)}"
             time.sleep(0.5)
     finally:
         group.stop()
