@@ -6,7 +6,11 @@ a pristine episode (SPEC GYM-2), ``step`` runs exactly one turn (GYM-6), ``close
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import enum
+import threading
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -17,7 +21,27 @@ from harbor_gym.config import EnvConfig
 from harbor_gym.errors import ConfigError, ResetNeededError, TaskLoadError
 from harbor_gym.spaces import MAX_TURNS, ScriptSpace, observation_space
 
-__all__ = ["HarborEnv", "HarborDatasetEnv", "EnvState"]
+__all__ = ["HarborEnv", "HarborDatasetEnv", "EnvState", "CANCELLED_KIND", "async_executor"]
+
+#: ``failure_kind`` of an episode whose ``astep``/``areset`` was cancelled (issue 15): truncated, ungraded, never
+#: agent-caused, retryable.
+CANCELLED_KIND = "harbor_gym:cancelled"
+#: How long a cancelled ``astep`` waits for its turn's thread once the episode's sandboxes were stopped.
+_CANCEL_WAIT_S = 60.0
+
+_executors: dict[int, ThreadPoolExecutor] = {}
+_executors_lock = threading.Lock()
+
+
+def async_executor(threads: int) -> ThreadPoolExecutor:
+    """The process-wide pool of ``threads`` threads behind ``areset``/``astep`` of envs without their own
+    ``executor`` (one pool per size, `EnvConfig.async_concurrency`). Never asyncio's default executor."""
+    with _executors_lock:
+        pool = _executors.get(threads)
+        if pool is None:
+            pool = _executors[threads] = ThreadPoolExecutor(max_workers=threads,
+                                                            thread_name_prefix="harbor-gym-async")
+        return pool
 
 
 class EnvState(enum.Enum):
@@ -75,6 +99,15 @@ class HarborEnv(gym.Env[dict, Any]):
         sandbox_factory: how sandboxes are made (default: ``harbor_gym.sandbox.open`` with ``config.backend``; with
             ``config.pool_size > 0``, the process's warm pools, see below).
         path: the task folder, as a keyword (the registered id ``harbor_gym/HarborTask-v0`` passes it so).
+        executor: the threads that run ``areset``/``astep`` (default: the process-wide pool of
+            ``config.async_concurrency`` threads, `async_executor`).
+
+    Async (issue 15): ``await env.areset(...)`` and ``await env.astep(action)`` are ``reset``/``step`` with the
+    sandbox work on a thread of ``executor``, so the event loop is never blocked; an agent may be async
+    (``async def run(turn)`` with ``await turn.aexec(...)``): its coroutine runs on the caller's loop. Cancelling
+    ``astep`` stops the turn's sandbox work (the episode's sandboxes are stopped and awaited), then ends the
+    episode truncated: ``env.last_result.failure_kind == CANCELLED_KIND``, ungraded, never agent-caused; the
+    ``CancelledError`` propagates. Cancelling ``areset`` stops what the seed started. One call at a time per env.
 
     Warm pools: with ``config.pool_size = N > 0`` and no ``sandbox_factory``, ``reset`` claims an agent sandbox that a
     process-wide pool (`harbor_gym.sandbox.pool`) started and seeded ahead (GYM-2), and the pool keeps N more
@@ -97,14 +130,16 @@ class HarborEnv(gym.Env[dict, Any]):
         *,
         sandbox_factory: Callable | None = None,
         path: str | Path | None = None,
+        executor: Executor | None = None,
     ) -> None:
         source = _exactly_one(task_or_path, path, "HarborEnv", "task_or_path")
         _check_render_mode(render_mode, self.metadata["render_modes"])
         self.task = _as_task(source, _as_config(config))
         _check_turn_bound(self.task)
-        self._init_common(config, agent, render_mode, sandbox_factory, with_task_id=False)
+        self._init_common(config, agent, render_mode, sandbox_factory, with_task_id=False, executor=executor)
 
-    def _init_common(self, config, agent, render_mode, sandbox_factory, *, with_task_id: bool) -> None:
+    def _init_common(self, config, agent, render_mode, sandbox_factory, *, with_task_id: bool,
+                     executor: Executor | None = None) -> None:
         self.config = _as_config(config)
         self.agent = agent
         self.render_mode = render_mode
@@ -117,6 +152,16 @@ class HarborEnv(gym.Env[dict, Any]):
         self._state = EnvState.UNSTARTED
         self._last_record = None
         self._last_result = None
+        self._executor = executor
+        self._bridges: dict = {}  # issue 15: one bridge per async agent object (SES-3 sees the same action)
+        self._starting = None  # the episode being seeded (a cancelled areset stops it)
+        self._loop = None  # the event loop of the running areset/astep (async agents run on it)
+
+    @property
+    def last_result(self):
+        """The `EpisodeResult` of the last episode that ended (``None`` before); after a cancelled ``astep``, the
+        truncated result with ``failure_kind == CANCELLED_KIND``."""
+        return self._last_result
 
     # --- Gymnasium API ---------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
@@ -141,15 +186,22 @@ class HarborEnv(gym.Env[dict, Any]):
         if options:
             raise ConfigError(f"unknown reset option(s): {', '.join(sorted(options))}", field="reset(options)")
         self._close_episode()
+        from harbor_gym.agents._async import bridge_for
+
+        self._bridges.clear()
+        agent = bridge_for(agent, self._bridges, self._loop)
         from harbor_gym.episode import Episode
 
         episode = Episode(task, config=self.config, sandbox_factory=self._factory(), agent=agent, seed=seed,
                           rollout=rollout if rollout is None else int(rollout))
+        self._starting = episode
         try:
             episode.start()
         except BaseException:
             episode.close()
             raise
+        finally:
+            self._starting = None
         self._episode = episode
         self._state = EnvState.RUNNING
         self._last_record = None
@@ -176,7 +228,9 @@ class HarborEnv(gym.Env[dict, Any]):
                 field="step",
                 rule="GYM-7",
             )
-        result = self._episode.run_turn(action)
+        from harbor_gym.agents._async import bridge_for
+
+        result = self._episode.run_turn(bridge_for(action, self._bridges, self._loop))
         record = result.record
         self._last_record = record
         info: dict[str, Any] = {"turn": record}
@@ -195,6 +249,79 @@ class HarborEnv(gym.Env[dict, Any]):
             self._close_episode()
         reward = record.reward if isinstance(record.reward, (int, float)) and not record.masked else 0.0
         return self._observation(), float(reward), terminated, truncated, info
+
+    async def areset(self, *, seed: int | None = None,
+                     options: dict[str, Any] | None = None) -> tuple[dict, dict]:
+        """``reset`` without blocking the event loop (issue 15): the seed runs on a thread of the env's executor.
+
+        Cancelled: what the seed started is stopped and awaited, the env has no episode, ``CancelledError``
+        propagates. Raises what ``reset`` raises."""
+        return await self._off_loop(lambda: self.reset(seed=seed, options=options), stage="reset")
+
+    async def astep(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
+        """``step`` without blocking the event loop (issue 15): the turn runs on a thread of the env's executor;
+        an async agent's coroutine runs on this loop and its ``turn.aexec`` calls on that thread.
+
+        Cancelled: the turn's sandbox work is stopped (the episode's sandboxes are removed and the turn's thread
+        awaited, at most 60 s), the agent's coroutine is cancelled, and the episode ends truncated with
+        ``last_result.failure_kind == CANCELLED_KIND`` (ungraded, retryable, not agent-caused); then
+        ``CancelledError`` propagates. Raises what ``step`` raises."""
+        return await self._off_loop(lambda: self.step(action), stage="step")
+
+    async def _off_loop(self, call: Callable[[], Any], *, stage: str) -> Any:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        executor = self._executor or async_executor(self.config.async_concurrency)
+        future = loop.run_in_executor(executor, call)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            await self._cancel_inflight(future, stage)
+            raise
+        finally:
+            self._loop = None
+
+    async def _cancel_inflight(self, future: asyncio.Future, stage: str) -> None:
+        """Stop the running reset/turn: cancel async agents, stop the episode's sandboxes (in a thread of its own:
+        the executor may be full), wait for the call to end, then record the cancellation."""
+        for bridge in list(self._bridges.values()):
+            bridge.cancel()
+        if not future.done():
+            episode = self._episode if stage == "step" else self._starting
+            turn_index = episode.turn_index if episode is not None else 0
+            done = asyncio.get_running_loop().create_future()
+            stopper = threading.Thread(target=_close_then, args=(episode, done, asyncio.get_running_loop()),
+                                       daemon=True, name="harbor-gym-cancel")
+            stopper.start()
+            try:
+                await asyncio.wait_for(asyncio.shield(done), _CANCEL_WAIT_S)
+                await asyncio.wait_for(asyncio.shield(future), _CANCEL_WAIT_S)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
+            except Exception:  # the interrupted call's own failure: the cancellation wins
+                pass
+            if stage == "step" and episode is not None:
+                self._mark_cancelled(episode, turn_index)
+        elif stage == "step":
+            pass  # the turn had finished: its result stands
+        if stage == "reset" and self._state is EnvState.RUNNING and future.done() and not future.cancelled():
+            self._close_episode()  # the reset had finished: nothing of it may run on
+            self._state = EnvState.OVER
+
+    def _mark_cancelled(self, episode: Any, turn_index: int) -> None:
+        """The episode is over: truncated by cancellation, ungraded, not agent-caused (issue 15)."""
+        result = self._last_result if self._state is EnvState.OVER else None
+        if result is None:
+            result = episode.result()
+        message = f"{self.task.id}: turn {turn_index + 1}: cancelled by the caller (astep)"
+        turns = tuple(dataclasses.replace(t, agent_caused=False, outage_cause=None, reward=None,
+                                          failure_kind=CANCELLED_KIND, failure_message=message)
+                      if t.index >= turn_index else t for t in result.turns)
+        self._last_result = dataclasses.replace(
+            result, reward=None, verifier_rewards={}, graded=False, failure_kind=CANCELLED_KIND, retryable=True,
+            failure_message=message, agent_caused=False, outage_cause=None, turns=turns)
+        self._close_episode()
+        self._state = EnvState.OVER
 
     def render(self) -> str | None:
         """``ansi``: a readable text of the current turn and the last result; ``None`` otherwise."""
@@ -283,6 +410,20 @@ class HarborEnv(gym.Env[dict, Any]):
         return obs
 
 
+def _close_then(episode: Any, done: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+    """Close ``episode`` (its sandboxes stop; an exec in flight fails at once), then settle ``done``."""
+    try:
+        if episode is not None:
+            episode.close()
+    except Exception:  # a dead engine: the episode's sandboxes are the reaper's now
+        pass
+    finally:
+        try:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+
 class HarborDatasetEnv(HarborEnv):
     """A folder of task folders as one env: each ``reset`` picks a task (SPEC GYM-1 per task).
 
@@ -303,6 +444,7 @@ class HarborDatasetEnv(HarborEnv):
         *,
         sandbox_factory: Callable | None = None,
         path: str | Path | None = None,
+        executor: Executor | None = None,
     ) -> None:
         from harbor_gym.task import Dataset, load_dataset
 
@@ -316,7 +458,7 @@ class HarborDatasetEnv(HarborEnv):
         for task_id in self.task_ids:
             _check_turn_bound(self.dataset.tasks[task_id])
         self.task = self.dataset.tasks[self.task_ids[0]]
-        self._init_common(config, agent, render_mode, sandbox_factory, with_task_id=True)
+        self._init_common(config, agent, render_mode, sandbox_factory, with_task_id=True, executor=executor)
 
     def _select_task(self, options: dict[str, Any]):
         wanted = options.pop("task", None)

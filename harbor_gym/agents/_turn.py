@@ -65,6 +65,8 @@ class Turn:
     seed: int | None = None
     rollout: int | None = None
     _model_calls: list = field(default_factory=list, repr=False)
+    #: issue 15: set by `harbor_gym.agents._async.AsyncAgentBridge` while an async activation runs on a loop
+    _channel: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "solution_env", MappingProxyType(dict(self.solution_env)))
@@ -142,6 +144,58 @@ class Turn:
         run["timeout"] = timeout if left is None else (left if timeout is None else min(timeout, left))
         return self._exec_fn([shell, "-c", _RUN_STORED.format(shell=shell), args[0], stored.stdout.strip(),
                               *args[1:]], stdin=stdin, **run)
+
+
+    async def aexec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """`exec` for an async agent (``async def run(turn)``): the same command, bounds and result, awaited
+        without blocking the event loop.
+
+        Inside ``env.astep`` the command runs on the engine's thread of this turn (which waits for the agent
+        anyway), so no pool thread is taken; the turn's ``aexec`` calls run one at a time, in order. Elsewhere
+        (a sync ``env.step`` with an async agent, or a `Turn` used outside the engine) each call runs in a
+        short-lived thread of its own. Never the default executor of ``asyncio.to_thread``.
+
+        Raises:
+            SandboxError: the sandbox is out (as `exec`).
+        """
+        import functools
+
+        call = functools.partial(self.exec, command, timeout=timeout, env=env, cwd=cwd, stdin=stdin)
+        channel = self._channel
+        if channel is not None:
+            return await channel.submit(call)
+        return await _in_own_thread(call)
+
+
+async def _in_own_thread(call: Callable[[], ExecResult]) -> ExecResult:
+    """``call()`` in a daemon thread of its own, awaited on the running loop."""
+    import asyncio
+    import threading
+
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(value)
+
+    def work() -> None:
+        try:
+            value, error = call(), None
+        except BaseException as exc:  # handed to the awaiting coroutine
+            value, error = None, exc
+        loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, daemon=True, name="harbor-gym-aexec").start()
+    return await future
 
 
 def _as_script(command: str | Sequence[str]) -> tuple[str, str, list[str]]:
