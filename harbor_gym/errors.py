@@ -12,6 +12,7 @@ from pathlib import Path
 
 __all__ = [
     "HarborGymError",
+    "SubEnvError",
     "TaskLoadError",
     "SeedRefusedError",
     "EnvTemplateError",
@@ -114,6 +115,20 @@ def _rebuild_template_error(rebuild, args, variable):
     obj = rebuild(*args)
     obj.variable = variable
     return obj
+
+
+class SubEnvError(HarborGymError):
+    """Issue 15: a sub-env of `HarborVectorEnv` failed for a reason a retry cannot mend (``on_error="raise"``), or
+    failed too many times in a row. The message names the slot, the task and the cause.
+
+    Attributes:
+        slot: the sub-env's index. task_id: its task (``None`` when unknown). cause: the failure, one line.
+    """
+
+    def __init__(self, message: str, *, slot: int | None = None, task_id: str | None = None,
+                 cause: str | None = None, **kwargs) -> None:
+        self.slot, self.task_id, self.cause = slot, task_id, cause
+        super().__init__(message, **kwargs)
 
 
 class SeedError(HarborGymError):
