@@ -19,6 +19,7 @@ from harbor_gym.agents import AgentOutcome, Oracle, Turn
 from harbor_gym.env import HarborDatasetEnv, HarborEnv
 from harbor_gym.episode import EpisodeResult, TurnRecord, ValidationReport, validate
 from harbor_gym.registration import make, register_envs
+from harbor_gym.run.collector import RolloutResult, collect, rollouts
 from harbor_gym.task import Dataset, Task, load_dataset, load_task
 
 __version__ = "0.1.0"
@@ -31,6 +32,9 @@ __all__ = [
     "make",
     "register_envs",
     "validate",
+    "rollouts",
+    "collect",
+    "RolloutResult",
     "ValidationReport",
     "load_task",
     "load_dataset",

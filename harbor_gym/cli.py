@@ -303,7 +303,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from harbor_gym.run import RunOptions, load_targets, resolve_agent, run_rollouts
     from harbor_gym.run.progress import RichProgress, summary_table
 
-    agent = resolve_agent(args.agent, _agent_args(args))
+    agent_args = _agent_args(args)
+    agent = resolve_agent(args.agent, agent_args)
     config = EnvConfig(backend=_engine_backend(args.backend, "run"), labels=_parse_labels(args.label),
                        semantics=args.semantics, retry_agent_outages=args.retry_agent_outages)
     try:
@@ -313,6 +314,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     for task_id, error in targets.failures.items():
         _say(_err, "", f"harbor-gym run: task {task_id} failed to load, skipped: {error}")
+    from harbor_gym.run.identity import check_resume, run_identity, write_identity
+
+    # issue 15: never resume into a folder another agent, seed, semantics, config or task version wrote
+    identity = run_identity(agent=agent.label, agent_args=agent_args, seed=args.seed, semantics=args.semantics,
+                            config=config, tasks=targets.tasks)
+    for warning in check_resume(out, identity, force=args.force_resume):
+        _say(_err, "", f"harbor-gym run: warning: {warning}")
+    write_identity(out, identity)
     from harbor_gym.sandbox.pool import close_pools, pool_factory
 
     if args.pool_size < 0:
@@ -384,6 +393,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="harbor-gym-results", metavar="DIR",
                      help="results folder (default ./harbor-gym-results)")
     run.add_argument("--seed", type=int, default=0, metavar="S", help="base seed of the per-episode seeds")
+    run.add_argument("--force-resume", action="store_true",
+                     help="resume into an --out whose run.json records a different run (agent, its arguments, seed, "
+                          "semantics, config or task contents); without it such a resume is refused, saying what "
+                          "differs")
     run.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                      help="extra label on every container (repeatable)")
     run.add_argument("--pool-size", type=int, default=0, metavar="N",

@@ -2,42 +2,39 @@
 resume and a clean Ctrl-C.
 
 Guarantees:
-- Each episode runs through `HarborEnv` (reset, then one ``step`` per turn), so its row is built from the same info
-  records `RecordRollouts` sees (`harbor_gym.run.rows.rows_from_episode`).
-- Episodes run on a pool of C threads (they wait on sandboxes, not on Python). Sandboxes come from the env's
-  ``sandbox_factory`` (default: the config's backend), so a warm pool can be swapped in.
+- Built on the rollout collector (`harbor_gym.run.collector.rollouts`, issue 15): each episode runs through
+  `HarborEnv` (``areset``, then one ``astep`` per turn), C in flight on the collector's C threads, and its row is
+  written the moment it ends, built from the same info records `RecordRollouts` sees
+  (`harbor_gym.run.rows.rows_from_episode`). Sandboxes come from ``sandbox_factory`` (default: the config's
+  backend), so a warm pool can be swapped in.
 - A retryable failure (outage, deadline, ``SeedError(retryable=True)``, agent ``retry``) is retried up to R times;
   only the last attempt is written (to the failures file when it still fails). An agent-caused outage (GYM-12) is
   not retried unless ``EnvConfig.retry_agent_outages`` (``--retry-agent-outages``): it is a failed rollout.
 - Resume: ``(task_id, rollout)`` keys already in ``rollouts.jsonl`` or ``rollouts_failures.jsonl`` are skipped.
-- Ctrl-C (``KeyboardInterrupt`` in the calling thread): nothing new is scheduled, running sandboxes are stopped,
-  the interrupted episodes write nothing, finished rows stay; the report says ``interrupted``.
+- Ctrl-C (SIGINT under ``asyncio.run``, or a ``KeyboardInterrupt`` such as the CLI's SIGTERM handler raises):
+  nothing new is scheduled, running episodes are cancelled (their sandboxes stopped before the run returns), the
+  interrupted episodes write nothing, finished rows stay; the report says ``interrupted``.
 - The per-rollout seed is `episode_seed(seed, task_id, rollout)`; reruns are reproducible.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
-import threading
-import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from harbor_gym.config import EnvConfig
-from harbor_gym.errors import HarborGymError, SeedError, SeedRefusedError
 from harbor_gym.run.agents import AgentSpec
+from harbor_gym.run.collector import RolloutResult, rollouts
 from harbor_gym.run.jsonl import RolloutFiles
 from harbor_gym.run.rows import (
-    ENV_ERROR,
-    SEED_FAILED,
     SEED_REFUSED,
     TASK_LOAD_FAILED,
     FailureRow,
     RolloutRow,
-    episode_seed,
     rows_from_episode,
 )
 from harbor_gym.run.summary import TaskSummary, summarize
@@ -50,8 +47,6 @@ _log = logging.getLogger("harbor_gym.run")
 
 #: Per-turn folders land under ``<out>/logs/<task_id>/rollout-<k>/`` (the engine's layout below that).
 LOGS_DIR = "logs"
-#: How long a Ctrl-C waits for running episodes to wind down after their sandboxes were stopped.
-_SHUTDOWN_WAIT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -125,101 +120,53 @@ class _Silent:
 
 
 class _Runner:
+    """``harbor-gym run`` over the rollout collector (`harbor_gym.run.collector.rollouts`): it writes each yielded
+    result as a row the moment its episode ends."""
+
     def __init__(self, targets: Targets, options: RunOptions, listener: RunListener) -> None:
         self.targets = targets
         self.opts = options
         self.listener = listener
         self.files = RolloutFiles(options.out)
         self._trajectories = TrajectoryWriter(options.out) if options.save_trajectories else None
-        self._episode_records: dict[tuple[str, int], tuple[int, list]] = {}  # the last attempt's turn records
-        self.stop = threading.Event()
-        self._active: dict[int, Any] = {}
-        self._lock = threading.Lock()
+        self._running: set[tuple[str, int]] = set()
 
-    # --- one episode -------------------------------------------------------------------------------------
+    # --- collector hooks (called on the event loop) ------------------------------------------------------
     def _logs_root(self, task_id: str, rollout: int) -> Path:
         return self.opts.out / LOGS_DIR / task_id / f"rollout-{rollout}"
 
-    def run_one(self, task: Any, rollout: int) -> RolloutRow | FailureRow | None:
-        """Run rollout ``rollout`` of ``task`` with retries; write and return its row (``None``: interrupted)."""
-        if self.stop.is_set():
-            return None
-        self.listener.episode_started(task.id, rollout)
-        seed = episode_seed(self.opts.seed, task.id, rollout)
-        logs_root = self._logs_root(task.id, rollout)
-        shutil.rmtree(logs_root, ignore_errors=True)  # what an interrupted earlier run left for this rollout
-        attempts = self.opts.retries + 1
-        for attempt in range(1, attempts + 1):
-            row = self._attempt(task, rollout, seed, attempt, logs_root)
-            if row is None or self.stop.is_set() and isinstance(row, FailureRow):
-                self.listener.episode_abandoned(task.id, rollout)
-                return None
-            if isinstance(row, FailureRow) and self._retries(row) and attempt < attempts:
-                _log.info("retrying %s rollout %d after attempt %d: %s", task.id, rollout, attempt, row.reason)
-                self.listener.episode_retry(task.id, rollout, attempt, row.reason)
-                continue
-            self._save_trajectory(task.id, rollout, seed)
-            self.files.write(row)
-            self.listener.episode_done(task.id, rollout, row)
-            return row
-        return None  # unreachable: the last attempt always returns above
+    def episode_started(self, task_id: str, rollout: int) -> None:
+        self._running.add((task_id, rollout))
+        shutil.rmtree(self._logs_root(task_id, rollout), ignore_errors=True)  # an interrupted earlier attempt's
+        self.listener.episode_started(task_id, rollout)
 
-    def _save_trajectory(self, task_id: str, rollout: int, seed: int) -> None:
-        """GYM-13: the written attempt's turn outcomes and model calls, when ``save_trajectories``."""
-        attempt, records = self._episode_records.pop((task_id, rollout), (None, []))
-        if self._trajectories is not None and attempt is not None:
-            self._trajectories.write(records, task_id=task_id, rollout=rollout, seed=seed, attempt=attempt,
-                                     agent=self.opts.agent.label)
+    def episode_retry(self, task_id: str, rollout: int, attempt: int, reason: str) -> None:
+        _log.info("retrying %s rollout %d after attempt %d: %s", task_id, rollout, attempt, reason)
+        self.listener.episode_retry(task_id, rollout, attempt, reason)
 
-    def _retries(self, row: FailureRow) -> bool:
-        """A retryable failure is retried; an agent-caused outage only under ``retry_agent_outages`` (GYM-12)."""
-        return row.retryable and (not row.agent_caused or self.opts.config.retry_agent_outages)
+    def _agent(self, task_id: str, rollout: int, seed: int) -> Any:
+        return self.opts.agent.new()  # an EpisodeAgent: the announced agent and each step's action
 
-    def _attempt(self, task: Any, rollout: int, seed: int, attempt: int,
-                 logs_root: Path) -> RolloutRow | FailureRow | None:
-        from harbor_gym.env import HarborEnv
+    # --- rows --------------------------------------------------------------------------------------------
+    def _row(self, result: RolloutResult) -> RolloutRow | FailureRow:
+        key = dict(task_id=result.task_id, rollout=result.rollout, seed=result.seed, agent=self.opts.agent.label,
+                   attempt=result.attempt)
+        if result.episode is not None:
+            return rows_from_episode(result.episode, records=list(result.turns), duration_sec=result.duration_sec,
+                                     **key)
+        duration = None if result.failure_kind == SEED_REFUSED else round(result.duration_sec, 3)
+        return FailureRow(**key, reason=result.reason or str(result.failure_kind), failure_kind=result.failure_kind,
+                          retryable=result.retryable, duration_sec=duration)
 
-        key = dict(task_id=task.id, rollout=rollout, seed=seed, agent=self.opts.agent.label, attempt=attempt)
-        env = None
-        t0 = time.monotonic()
-        try:
-            agent = self.opts.agent.new()
-            config = self.opts.config.replace(logs_root=str(logs_root))
-            env = HarborEnv(task, config=config, agent=agent.announced, sandbox_factory=self.opts.sandbox_factory)
-            with self._lock:
-                self._active[id(env)] = env
-            if self.stop.is_set():
-                return None
-            try:
-                obs, _ = env.reset(seed=seed, options={"rollout": rollout})  # turn.seed, turn.rollout (GYM-13)
-            except SeedRefusedError as exc:
-                return FailureRow(**key, reason=str(exc), failure_kind=SEED_REFUSED, retryable=False)
-            except SeedError as exc:
-                return FailureRow(**key, reason=str(exc), failure_kind=SEED_FAILED, retryable=exc.retryable,
-                                  duration_sec=round(time.monotonic() - t0, 3))
-            records: list = []
-            self._episode_records[(task.id, rollout)] = (attempt, records)
-            while True:
-                if self.stop.is_set():
-                    return None
-                obs, _, terminated, truncated, info = env.step(agent.action_for(obs["step_name"]))
-                records.append(info["turn"])
-                if "episode_result" in info:
-                    result = info["episode_result"]
-                    break
-            return rows_from_episode(result, records=records, duration_sec=time.monotonic() - t0, **key)
-        except Exception as exc:  # the episode boundary: a fault of the env or the user's agent becomes a row
-            if self.stop.is_set():
-                return None
-            _log.warning("episode %s rollout %d failed: %s: %s", task.id, rollout, type(exc).__name__, exc)
-            retryable = bool(getattr(exc, "retryable", False)) if isinstance(exc, HarborGymError) else False
-            return FailureRow(**key, reason=f"{type(exc).__name__}: {exc}", failure_kind=ENV_ERROR,
-                              retryable=retryable, duration_sec=round(time.monotonic() - t0, 3))
-        finally:
-            if env is not None:
-                with self._lock:
-                    self._active.pop(id(env), None)
-                env.close()
+    def _write(self, result: RolloutResult) -> RolloutRow | FailureRow:
+        row = self._row(result)
+        if self._trajectories is not None and result.episode is not None:  # GYM-13
+            self._trajectories.write(list(result.turns), task_id=result.task_id, rollout=result.rollout,
+                                     seed=result.seed, attempt=result.attempt, agent=self.opts.agent.label)
+        self.files.write(row)
+        self._running.discard((result.task_id, result.rollout))
+        self.listener.episode_done(result.task_id, result.rollout, row)
+        return row
 
     # --- the run -----------------------------------------------------------------------------------------
     def _write_load_failures(self) -> None:
@@ -230,16 +177,17 @@ class _Runner:
             if (task_id, row.reason) not in written:
                 self.files.write(row)
 
-    def _interrupt(self) -> None:
-        """Stop scheduling and stop every running episode's sandboxes from this (the main) thread."""
-        self.stop.set()
-        with self._lock:
-            envs = list(self._active.values())
-        for env in envs:
-            try:
-                env.close()
-            except Exception as exc:  # close every env, whatever one of them does
-                _log.warning("closing an env after Ctrl-C failed: %s", exc)
+    async def _collect(self, done: set, report: RunReport) -> None:
+        opts = self.opts
+        async for result in rollouts(self.targets.tasks, self._agent, rollouts_per_task=opts.rollouts_per_task,
+                                     concurrency=opts.concurrency, config=opts.config, seed=opts.seed,
+                                     retries=opts.retries, sandbox_factory=opts.sandbox_factory, skip=done,
+                                     logs_dir=self._logs_root, listener=self):
+            row = self._write(result)
+            if isinstance(row, RolloutRow):
+                report.graded += 1
+            else:
+                report.failed += 1
 
     def run(self) -> RunReport:
         opts = self.opts
@@ -252,27 +200,14 @@ class _Runner:
         report.skipped = opts.rollouts_per_task * len(self.targets.tasks) - len(jobs)
         report.scheduled = len(jobs)
         self.listener.started(len(jobs) + report.skipped, report.skipped)
-        pool = ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="harbor-gym-run")
-        futures: set[Future] = set()
         try:
-            futures = {pool.submit(self.run_one, task, k) for task, k in jobs}
-            pending = set(futures)
-            while pending:
-                finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    row = fut.result()
-                    if isinstance(row, RolloutRow):
-                        report.graded += 1
-                    elif isinstance(row, FailureRow):
-                        report.failed += 1
+            # Ctrl-C: asyncio.run cancels the collector, which cancels every episode in flight (their sandboxes
+            # are stopped and awaited, they write nothing); SIGTERM's KeyboardInterrupt takes the same path.
+            asyncio.run(self._collect(done, report))
         except KeyboardInterrupt:
             report.interrupted = True
-            self._interrupt()
-            pool.shutdown(wait=False, cancel_futures=True)
-            wait(futures, timeout=_SHUTDOWN_WAIT_S)
-            self._interrupt()  # envs that finished seeding after the first sweep
-        finally:
-            pool.shutdown(wait=not report.interrupted, cancel_futures=True)
+            for task_id, rollout in sorted(self._running):
+                self.listener.episode_abandoned(task_id, rollout)
         report.summaries = self._summaries()
         self.listener.finished(report)
         return report
@@ -285,9 +220,9 @@ class _Runner:
             rollout = row.get("rollout")
             return row.get("task_id") in wanted and isinstance(rollout, int) and rollout < k
 
-        rollouts = [r for r in self.files.rollouts.rows() if in_scope(r)]
+        rollouts_ = [r for r in self.files.rollouts.rows() if in_scope(r)]
         failures = [r for r in self.files.failures.rows() if in_scope(r)]
-        graded = _latest(rollouts)
+        graded = _latest(rollouts_)
         seen = {(r["task_id"], r["rollout"]) for r in graded}  # each (task, rollout) once (GYM-12)
         return summarize(graded, [r for r in _latest(failures) if (r["task_id"], r["rollout"]) not in seen])
 

@@ -5,12 +5,25 @@ Sub-envs wait on sandboxes, not on Python, so their ``reset``/``step`` calls run
 from warm pools (`harbor_gym.sandbox.pool`), so a reset claims a started sandbox and the previous episode's teardown
 happens in the background.
 
-Faults (SPEC GYM-2): an exception from one sub-env's ``step`` or ``reset`` (an outage, a `SeedError`, a lost actor)
-never reaches the caller and never stops the other sub-envs: that sub-env's ``truncated`` is ``True`` and its info
-carries ``error`` (the cause as text), ``error_type`` and ``error_stage`` (``"step"`` or ``"reset"``). A sub-env
-whose reset failed has no episode: its next step runs no action and is reported ``truncated`` with the same cause,
-after which it is reset again (``same-step``/``next-step``) or waits for ``reset(options={"reset_mask": ...})``
-(``disabled``).
+Faults (SPEC GYM-2, issue 15: a vector env never lies). An exception from one sub-env's ``step`` or ``reset`` (an
+outage, a `SeedError`, a lost actor) never stops the other sub-envs: their calls finish first. Then:
+
+- a non-retryable failure (the task's image cannot be had, a refusal, a defect) with ``on_error="raise"`` (the
+  default) raises `SubEnvError` naming the slot, the task and the cause; with ``on_error="mask"`` that slot's
+  reward is NaN, its ``truncated`` is ``True`` and ``info["trainable"][i]`` is ``False``;
+- a retryable failure (an outage) gives ``truncated=True``, reward 0.0 and ``info["trainable"][i] = False``;
+- a slot failing `MAX_CONSECUTIVE_FAILURES` calls in a row (default; ``max_consecutive_failures``) raises
+  `SubEnvError` whatever ``on_error`` says, so a dead engine cannot loop forever.
+
+A faulted slot's info carries ``error`` (the cause as text), ``error_type``, ``error_stage`` (``"step"`` or
+``"reset"``) and ``retryable``. Every step's info has ``trainable`` for every slot: the turn record's
+``trainable`` (GYM-13: false for masked, ungraded and infrastructure-outage turns), ``False`` for a faulted slot.
+A sub-env whose reset failed has no episode: its next step runs no action and is reported ``truncated`` with the
+same cause, after which it is reset again (``same-step``/``next-step``) or waits for ``reset(options=
+{"reset_mask": ...})`` (``disabled``).
+
+Per-slot agents (issue 15): with ``agent_factory=f``, every reset of slot ``i`` announces a fresh agent ``f(i)``
+(GYM-4), kept in ``venv.agents[i]``; a step action ``None`` is that agent, so continued sessions (SES-3) work.
 
 Close and interrupts (SPEC GYM-7): ``close`` never waits behind a running turn. It stops every sub-env's sandboxes
 from the calling thread (each sub-env in a short-lived thread of its own, never in the worker pool), so an in-flight
@@ -35,11 +48,11 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from harbor_gym.config import EnvConfig
-from harbor_gym.errors import ConfigError, HarborGymError, ResetNeededError
+from harbor_gym.errors import ConfigError, HarborGymError, ResetNeededError, SubEnvError
 from harbor_gym.spaces import ScriptSpace, observation_space
 from harbor_gym.vector._subenv import EnvRecipe, LocalSubEnv, SubEnv
 
-__all__ = ["HarborVectorEnv", "EXECUTORS", "INFLIGHT_BOUND_S"]
+__all__ = ["HarborVectorEnv", "EXECUTORS", "INFLIGHT_BOUND_S", "ON_ERROR", "MAX_CONSECUTIVE_FAILURES"]
 
 log = logging.getLogger("harbor_gym.vector")
 
@@ -51,6 +64,11 @@ EXECUTORS = ("thread", "ray")
 INFLIGHT_BOUND_S = 10.0
 
 _MODES = {m.value: m for m in AutoresetMode}
+
+#: What a non-retryable sub-env failure does: raise `SubEnvError`, or mask the slot (reward NaN, not trainable).
+ON_ERROR = ("raise", "mask")
+#: A slot whose reset/step fails this many calls in a row raises `SubEnvError` (any ``on_error``).
+MAX_CONSECUTIVE_FAILURES = 5
 
 
 def _mode(value: AutoresetMode | str) -> AutoresetMode:
@@ -89,6 +107,10 @@ class HarborVectorEnv(VectorEnv):
         max_workers: worker threads (default ``num_envs``).
         ray_actor_options: extra ``.options()`` of the Ray actors (default: ``num_cpus=0``, ``SPREAD``,
             ``max_concurrency=2`` so that ``close`` runs beside a busy ``step``).
+        on_error: ``"raise"`` (default) or ``"mask"``: what a non-retryable sub-env failure does (module docstring).
+        max_consecutive_failures: a slot failing this many calls in a row raises `SubEnvError` (default 5).
+        agent_factory: ``slot -> agent``: a fresh agent announced at every reset of that slot (``executor=
+            "thread"`` only); a step action ``None`` is the slot's agent (``venv.agents[i]``).
 
     Raises:
         ConfigError: bad arguments (named). TaskLoadError: the folder is refused (no sandbox starts).
@@ -115,6 +137,9 @@ class HarborVectorEnv(VectorEnv):
         max_workers: int | None = None,
         ray_actor_options: Mapping[str, Any] | None = None,
         max_episode_steps: int | None = None,
+        on_error: str = "raise",
+        max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
+        agent_factory: Callable[[int], Any] | None = None,
     ) -> None:
         if render_mode is not None:
             raise ConfigError("HarborVectorEnv renders nothing; use render_mode=None", field="render_mode")
@@ -123,6 +148,16 @@ class HarborVectorEnv(VectorEnv):
                               field="max_episode_steps")
         if executor not in EXECUTORS:
             raise ConfigError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}", field="executor")
+        if on_error not in ON_ERROR:
+            raise ConfigError(f"unknown on_error {on_error!r}; use one of {', '.join(ON_ERROR)}", field="on_error")
+        if max_consecutive_failures < 1:
+            raise ConfigError(f"must be >= 1, got {max_consecutive_failures}", field="max_consecutive_failures")
+        if agent_factory is not None and executor != "thread":
+            raise ConfigError("agent_factory needs executor='thread' (an agent object cannot cross to a Ray actor "
+                              "and stay the same object)", field="agent_factory")
+        self.on_error = on_error
+        self.max_consecutive_failures = int(max_consecutive_failures)
+        self._agent_factory = agent_factory
         if (env_fns is None) == (path is None):
             raise ConfigError("give exactly one of path and env_fns", field="HarborVectorEnv")
         cfg = EnvConfig.coerce(dict(config) if isinstance(config, Mapping) else config)
@@ -179,6 +214,11 @@ class HarborVectorEnv(VectorEnv):
         self._autoreset_envs = np.zeros(n, dtype=np.bool_)
         self._broken: list[str | None] = ["no reset yet"] * n
         self._broken_info: list[dict] = [{} for _ in range(n)]
+        self._failures_in_a_row = [0] * n
+        self._fatal: list[SubEnvError] = []  # raised by reset/step once every sub-env's call has finished
+        self._task_ids: list[str | None] = [None] * n
+        #: issue 15: the agent of each slot's current episode (``agent_factory``), else ``None``.
+        self.agents: list[Any] = [None] * n
 
     # --- construction ----------------------------------------------------------------------------------
     def _make_subs(self, recipes: list[EnvRecipe], ray_actor_options: Mapping[str, Any] | None) -> list[SubEnv]:
@@ -238,6 +278,7 @@ class HarborVectorEnv(VectorEnv):
         elif not mask.any():
             raise ValueError("options['reset_mask'] must select at least one sub-env")
         picked = [i for i in range(n) if mask[i]]
+        self._fatal = []
         results = self._run_all(lambda i: self._reset_one(i, seeds[i], options), picked)
         infos: dict[str, Any] = {}
         for i, (obs, info) in zip(picked, results):
@@ -245,6 +286,7 @@ class HarborVectorEnv(VectorEnv):
             self._terminations[i] = self._truncations[i] = self._autoreset_envs[i] = False
             infos = self._add_info(infos, info, i)
         self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
+        self._raise_fatal()
         return deepcopy(self._observations), infos
 
     def step(self, actions: Sequence[Any]) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -267,12 +309,15 @@ class HarborVectorEnv(VectorEnv):
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         for i, action in enumerate(actions):
+            if action is None and self._agent_factory is not None:
+                actions[i] = action = self.agents[i]
             if not _is_action(action):
                 raise TypeError(f"action {i} is {type(action).__name__}: use a str script, Oracle() or an object "
                                 "with run(turn) (GYM-4)")
             if self.autoreset_mode is AutoresetMode.DISABLED and self._autoreset_envs[i]:
                 raise ResetNeededError(f"sub-env {i} has ended; reset it with reset(options={{'reset_mask': m}}) "
                                        "before stepping it (autoreset_mode='disabled')", field="step", rule="GYM-7")
+        self._fatal = []
         results = self._run_all(self._step_one, range(self.num_envs), actions)
         infos: dict[str, Any] = {}
         for i, (obs, reward, term, trunc, info) in enumerate(results):
@@ -283,6 +328,7 @@ class HarborVectorEnv(VectorEnv):
             infos = self._add_info(infos, info, i)
         self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
         self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        self._raise_fatal()
         return (deepcopy(self._observations), np.copy(self._rewards), np.copy(self._terminations),
                 np.copy(self._truncations), infos)
 
@@ -326,36 +372,48 @@ class HarborVectorEnv(VectorEnv):
             info = {"error": "ResetNeededError: the vector env was closed", "error_type": "ResetNeededError",
                     "error_stage": "reset", "retryable": False}
             return self._placeholder(i), info
+        options = dict(options) if options else None
         try:
-            obs, info = self._subs[i].reset(seed, dict(options) if options else None)
+            if self._agent_factory is not None:  # issue 15: a fresh agent per episode, announced (GYM-4, SES-3)
+                self.agents[i] = self._agent_factory(i)
+                options = {**(options or {}), "agent": self.agents[i]}
+            obs, info = self._subs[i].reset(seed, options)
         except Exception as exc:  # the sub-env's fault stays the sub-env's (GYM-2)
             info = self._fault(i, exc, "reset")
             return self._placeholder(i), info
         self._broken[i] = None
-        return obs, dict(info)
+        self._failures_in_a_row[i] = 0
+        info = dict(info)
+        if info.get("task_id"):
+            self._task_ids[i] = str(info["task_id"])
+        return obs, info
 
     def _step_one(self, i: int, action: Any) -> tuple[dict, float, bool, bool, dict]:
         mode = self.autoreset_mode
         if mode is AutoresetMode.NEXT_STEP and self._autoreset_envs[i]:
             obs, info = self._reset_one(i, None, {})
             if self._broken[i] is not None:
-                return obs, 0.0, False, True, info
+                return obs, self._fault_reward(info), False, True, info
             return obs, 0.0, False, False, info
         if self._broken[i] is not None:
             obs = self._placeholder(i)
-            reward, term, trunc = 0.0, False, True
-            info = {**self._broken_info[i], "error_stage": "reset"}
+            info = {**self._broken_info[i], "error_stage": "reset", "trainable": False}
+            reward, term, trunc = self._fault_reward(info), False, True
         else:
             try:
                 obs, reward, term, trunc, info = self._subs[i].step(action)
                 info = dict(info)
+                self._failures_in_a_row[i] = 0
+                info["trainable"] = bool(getattr(info.get("turn"), "trainable", True))
             except Exception as exc:  # an infrastructure fault: this sub-env's truncation (GYM-2)
                 info = self._fault(i, exc, "step")
-                obs, reward, term, trunc = self._placeholder(i), 0.0, False, True
+                obs, term, trunc = self._placeholder(i), False, True
+                reward = self._fault_reward(info)
         if mode is AutoresetMode.SAME_STEP and (term or trunc):
             final_obs, final_info = obs, info
             obs, reset_info = self._reset_one(i, None, {})
-            info = {**reset_info, "final_obs": final_obs, "final_info": final_info}
+            info = {**reset_info, "final_obs": final_obs, "final_info": final_info,
+                    "trainable": bool(final_info.get("trainable", True))}
             if self._broken[i] is not None:
                 trunc = True
         return obs, float(reward), bool(term), bool(trunc), info
@@ -367,11 +425,45 @@ class HarborVectorEnv(VectorEnv):
             log.debug("sub-env %d: %s ended by close: %s", i, stage, cause)
         else:
             log.warning("sub-env %d: %s failed: %s", i, stage, cause, exc_info=not isinstance(exc, HarborGymError))
-        info = {"error": cause, "error_type": kind, "error_stage": stage,
-                "retryable": bool(getattr(exc, "retryable", True))}
+        retryable = bool(getattr(exc, "retryable", True))
+        info = {"error": cause, "error_type": kind, "error_stage": stage, "retryable": retryable,
+                "trainable": False}
         self._broken[i] = cause
         self._broken_info[i] = info
+        if self._closed_flag:
+            return dict(info)
+        self._failures_in_a_row[i] += 1
+        task = self._task_of(i)
+        where = f"sub-env {i} (task {task})" if task else f"sub-env {i}"
+        if self._failures_in_a_row[i] >= self.max_consecutive_failures:
+            self._fatal.append(SubEnvError(
+                f"{where} failed {self._failures_in_a_row[i]} calls in a row (max_consecutive_failures); last, "
+                f"at {stage}: {cause}", slot=i, task_id=task, cause=cause, field="HarborVectorEnv"))
+        elif not retryable and self.on_error == "raise":
+            self._fatal.append(SubEnvError(f"{where} failed at {stage} for a reason a retry cannot mend: {cause} "
+                                           "(on_error='mask' masks the slot instead)", slot=i, task_id=task,
+                                           cause=cause, field="HarborVectorEnv"))
         return dict(info)
+
+    def _fault_reward(self, info: Mapping[str, Any]) -> float:
+        """A faulted slot's reward: NaN when non-retryable (``on_error="mask"``), else 0.0 (trainable False)."""
+        return float("nan") if not info.get("retryable", True) else 0.0
+
+    def _task_of(self, i: int) -> str | None:
+        """The task of slot ``i``: from its last reset, else its env's task when it lives here."""
+        if self._task_ids[i]:
+            return self._task_ids[i]
+        env = getattr(self._subs[i], "env", None) if i < len(self._subs) else None
+        task = getattr(getattr(env, "unwrapped", env), "task", None)
+        recipe_task = getattr(task, "id", None)
+        return str(recipe_task) if recipe_task else getattr(self._subs[i], "task_id", None) if i < len(
+            self._subs) else None
+
+    def _raise_fatal(self) -> None:
+        """Issue 15: the first slot that failed for good, once every sub-env's call has finished."""
+        if self._fatal:
+            first, self._fatal = self._fatal[0], []
+            raise first
 
     def _placeholder(self, i: int) -> dict[str, Any]:
         """The observation of a sub-env without an episode: its last one with an empty instruction."""

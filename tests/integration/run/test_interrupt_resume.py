@@ -72,7 +72,7 @@ def test_sigint_removes_sandboxes_keeps_finished_rows_and_rerun_resumes(tmp_path
 
     fast = _scripts(tmp_path / "fast", "echo 1 > /app/counter.txt\n")
     again = run_cli(str(dataset), "--agent", f"script:{fast}", "-k", "2", "-c", "2", "--backend", "docker",
-                    "--out", str(out))
+                    "--out", str(out), "--force-resume")  # another agent spec: run.json would refuse it (issue 15)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "2 episode(s) already in the results folder are skipped" in again.stderr
     rows2 = read_rows(out / "rollouts.jsonl")
