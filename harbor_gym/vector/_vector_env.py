@@ -85,8 +85,9 @@ def _mode(value: AutoresetMode | str) -> AutoresetMode:
 
 def _is_action(action: Any) -> bool:
     from harbor_gym.agents import Oracle
+    from harbor_gym.agents._protocol import is_agent
 
-    return isinstance(action, (str, Oracle)) or callable(getattr(action, "run", None))
+    return isinstance(action, (str, Oracle)) or is_agent(action)  # run(turn), or a HarnessSession (SES-3)
 
 
 class HarborVectorEnv(VectorEnv):

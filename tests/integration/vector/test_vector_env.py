@@ -220,12 +220,13 @@ def test_ray_variant_matches_thread_variant(ray_cluster, tmp_path, no_leaks):
 def test_ray_fault_in_actor_is_truncation(ray_cluster, no_leaks, docker_client):
     # A fault inside an actor crosses as data and becomes that sub-env's truncation; nothing labelled remains.
     venv = HarborVectorEnv(2, path=ENVS / "cake", config={**DOCKER, "image_aliases": {}, "pull_policy": "never"},
-                           executor="ray", autoreset_mode="disabled")
+                           executor="ray", autoreset_mode="disabled", on_error="mask")  # issue 15: else raise
     try:
         obs, info = venv.reset(seed=0)  # the image cannot be had: SeedError in both actors
         assert info["_error"].all() and all(e.startswith("SeedError") for e in info["error"])
         obs, reward, term, trunc, info = venv.step([":", ":"])
         assert trunc.all() and not term.any()
+        assert np.isnan(reward).all() and not info["trainable"].any()  # issue 15: masked, never a fake 0.0
     finally:
         venv.close()
     assert labelled(docker_client) == []

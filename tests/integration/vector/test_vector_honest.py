@@ -46,7 +46,7 @@ def test_on_error_raise_names_slot_task_and_cause(tmp_path, no_leaks):
         with pytest.raises(SubEnvError) as err:
             venv.reset(seed=0)
         assert err.value.slot == 1 and err.value.task_id == "broken"
-        assert "sub-env 1 (task broken)" in str(err.value) and "cannot be had" in str(err.value)
+        assert "sub-env 1 (task broken)" in str(err.value) and "harbor-gym-test/absent:1" in str(err.value)
     finally:
         venv.close()
 
