@@ -77,13 +77,13 @@ def test_run_wrong_commit_or_missing_path_is_a_clear_error(tmp_path, registry):
     data = json.loads(reg.read_text())
     data[0]["tasks"][0]["git_commit_id"] = "f" * 40
     reg.write_text(json.dumps(data))
-    proc = _run(env, "demo@1.0", "--out", str(tmp_path / "o1"))
+    proc = _run(env, "demo@1.0", "--backend", "local", "--out", str(tmp_path / "o1"))  # fails before any sandbox
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"commit {'f' * 40} is not in {tmp_path / 'demo.git'}" in proc.stderr
     assert "Traceback" not in proc.stderr
     data[0]["tasks"][0].update(git_commit_id=sha, path="tasks/nope")
     reg.write_text(json.dumps(data))
-    proc = _run(env, "demo@1.0", "--out", str(tmp_path / "o2"))
+    proc = _run(env, "demo@1.0", "--backend", "local", "--out", str(tmp_path / "o2"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"no task path 'tasks/nope' at commit {sha[:12]}" in proc.stderr
     assert "Traceback" not in proc.stderr
