@@ -8,6 +8,9 @@ A `Script` reports in two ways, kept apart on purpose:
   sandbox process can print, so no process of the sandbox (a leftover of the agent, a program ``test.sh`` runs)
   can forge one that masks a turn, turns a failure into a retryable outage or skips the TURN-2 clean-up. An exit
   status outside 64..127 means the script did not reach its end (killed, timed out): `Outcome.finished` is false.
+  Residual (out of GYM-10's promise, as README states for shared mode): a process running as the exec's own user
+  (root for housekeeping) can open the exec's pipes through ``/proc/<pid>/fd`` or replace ``/bin/sh``; a root
+  agent in shared mode is answered by the freeze (GYM-11) and by separate verification.
 - **Notes** (``<marker> word args`` lines on stdout: a missing tool's name, ``test.sh``'s exit code, ``thawed``)
   are data for messages and logs only. The marker sits in the exec's command line, so any sandbox process may read
   it and print such lines; nothing that changes a reward or erases a failure is ever decided from them.
