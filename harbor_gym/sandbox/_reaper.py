@@ -147,7 +147,7 @@ def ensure_reaper(client: "docker.DockerClient", settings: SandboxSettings | Non
             break
         except docker.errors.APIError as exc:
             # 409: another process is creating, starting or removing it right now; 404: removed meanwhile
-            if exc.status_code in (404, 409) and time.monotonic() < deadline:
+            if (exc.status_code in (404, 409) or "marked for removal" in str(exc)) and time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
             raise SandboxUnavailableError(f"the lease reaper ({REAPER_NAME}) cannot run on this engine: "
@@ -180,9 +180,22 @@ def _ensure_running(client: "docker.DockerClient", settings: SandboxSettings) ->
     except docker.errors.NotFound:
         _create(client, settings)
         attrs = api.inspect_container(REAPER_NAME)
-    if not (attrs.get("State") or {}).get("Running"):
+    state = attrs.get("State") or {}
+    if state.get("Status") in ("removing", "dead"):  # being removed (by hand, or as an old version): wait, recreate
+        raise docker.errors.APIError(f"{REAPER_NAME} is being removed",
+                                     response=_Status(409), explanation="being removed")
+    if not state.get("Running"):
         api.start(REAPER_NAME)
     return attrs
+
+
+class _Status:
+    """A minimal response for a synthetic `APIError` (its ``status_code``)."""
+
+    def __init__(self, status_code: int) -> None:
+        self.status_code = status_code
+        self.reason = "being removed"
+        self.url = ""
 
 
 def _remove_idle_old_reapers(api: Any) -> None:

@@ -85,6 +85,7 @@ def _stopped_processes(client, container: str) -> int:
 
 # SPEC: GYM-10 (P3: after a SIGKILL every sandbox of the run is gone within lease_ttl_s + 20 s, even when the agent
 # stopped or killed everything in its sandbox; the reaper is not a sandbox; temporary log folders are reaped)
+@pytest.mark.timeout(1800)  # three sandboxes on a loaded engine, the lease bound, the engine's own removal time
 @pytest.mark.parametrize("attack", ["kill -STOP -1", "kill -9 -1"], ids=["stop-everything", "kill-everything"])
 def test_p3_sigkill_after_the_agent_stopped_everything_the_reaper_removes_the_run(tmp_path, docker_client, attack):
     task = write_task(tmp_path, {"task.toml": toml(agent_timeout=600), "tests/test.sh": grade("true")})
