@@ -7,10 +7,12 @@ the verifier (VER-11 already requires bash and find in a verifying image). It re
 1. one scan of ``/proc/<pid>/stat`` (each file read whole, its fields taken after the LAST ``)`` so a process name
    holding ``)``, spaces, newlines or a fake stat line changes nothing); processes already stopped are remembered
    and never resumed later;
-2. the exempt set: PID 1, the sandbox's main process (the oldest child of PID 1 when it started within 5 s of it:
-   the lease loop under Docker's init; and its direct children), the helper itself, its ancestors and its
-   descendants (the verifier) and, under ``"auto"``, every process holding a listening socket (TCP LISTEN or bound UDP in ``/proc/net/{tcp,udp}{,6}``, matched by
-   socket inode to ``/proc/<pid>/fd`` links) with its descendants (services);
+2. the exempt set: PID 1, the sandbox's main process (the oldest child of PID 1: every sandbox runs under an init,
+   Docker's or bubblewrap's, which forks it before any command can run; e.g. the lease loop) and its direct
+   children, the helper itself, its ancestors and its
+   descendants (the verifier) and, under ``"auto"``, every process holding a listening socket (TCP LISTEN or bound
+   UDP in ``/proc/net/{tcp,udp}{,6}``, matched by socket inode to ``/proc/<pid>/fd`` links) with its descendants
+   (services);
 3. ``kill -STOP -1`` (the bash builtin: ``kill(-1, SIGSTOP)``), which the kernel delivers to every process of the
    sandbox's PID namespace but PID 1 and the caller, atomically with respect to fork, so a writer that keeps
    re-spawning itself, double-forks into a new session or waits for test.sh cannot slip through. The helper acts
@@ -85,19 +87,18 @@ while [ -n "${PP[a]}" ] && [ $n -lt 256 ]; do
 done
 # not entered from outside a PID namespace (a host, or a sandbox without its own): touch nothing
 if [ -z "$top" ]; then echo "$mk freeze_unavailable"; exit 0; fi
-# the sandbox's main process: the oldest child of PID 1 (an init forks it first), if started with it (5 s)
+# the sandbox's main process: the oldest child of PID 1 (the init forks it before any command can run)
 main=; best=
 for p in "${!PP[@]}"; do
   [ "${PP[p]}" = 1 ] || continue
   if [ -z "$best" ] || [ "${ST[p]}" -lt "$best" ]; then main=$p; best=${ST[p]}; fi
 done
-[ -n "$main" ] && [ -n "${ST[1]}" ] && [ $((best - ST[1])) -le 500 ] || main=
 for p in "${!SS[@]}"; do case "${SS[p]}" in T|t) PRE[p]=${ST[p]};; esac; done
 if [ "$mode" = auto ]; then
   for f in /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6; do
     [ -r "$f" ] || continue
     while read -r sl la ra st x1 x2 x3 x4 x5 ino rest; do
-      case "$st" in 0A) ;; 07) case "$f" in *udp*) [ "${ra##*:}" = 0000 ] && [ "${la##*:}" != 0000 ] || continue;; *) continue;; esac;; *) continue;; esac
+      case "$st$f" in 0A*) ;; 07*udp*) [ "${ra##*:}" = 0000 ] && [ "${la##*:}" != 0000 ] || continue;; *) continue;; esac
       case "$ino" in ''|*[!0-9]*) continue;; esac
       [ "$ino" != 0 ] && LSN[ino]=1
     done <"$f"
@@ -131,7 +132,7 @@ while :; do
   [ $SECONDS -ge $end ] && break
   sleep 0.01 2>/dev/null
 done
-c=0; ex=
+c=0; ex=; mkdir -p "${rec%/*}" 2>/dev/null
 for p in "${!PP[@]}"; do
   if exempt "$p"; then [ "$WHY" = svc ] && ex="$ex /proc/$p/exe"; continue; fi
   [ -n "${PRE[p]}" ] && [ "${PRE[p]}" = "${ST[p]}" ] && continue
