@@ -224,6 +224,10 @@ class ChatAgent:
             try:
                 call, parsed = self._call(messages, previous, seed=seed, max_tokens=max_tokens, time_left=left)
             except _ModelFailure as failure:
+                left = turn.time_left_sec
+                if turn.is_expired or (left is not None and left < 0.5):  # the request was cut by the turn's time
+                    stop, status = "time", AgentStatus.TIMEOUT
+                    break
                 return AgentOutcome(status=AgentStatus.ERROR, policy=failure.policy, failure_kind=failure.kind,
                                     output_tail=failure.message, trajectory=tuple(steps),
                                     metadata={"stop_reason": "model_failure", "base_url": self.base_url,

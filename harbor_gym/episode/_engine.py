@@ -312,7 +312,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
                 t.outage_cause = agent_outage_cause(self._sandbox)
                 t.agent_caused = t.outage_cause is not None
             if t.agent_caused:
-                t.cause = f"agent-caused outage ({t.outage_cause}): {t.cause}"
+                t.cause = f"{t.cause} (agent-caused: {t.outage_cause})"
         except Exception as exc:  # the turn boundary: a defect becomes the record's failure kind, never an escape
             _log.error("engine error in turn %s of %s:\n%s", step.name, self.task.id, traceback.format_exc())
             fault, t.engine_error = TurnFault.ENGINE_ERROR, True

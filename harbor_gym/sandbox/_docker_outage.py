@@ -10,7 +10,9 @@ Evidence, in order, each from the host or the engine (nothing a sandbox process 
 4. the container: still running → a root probe command (``true``) must run, else ``cannot_run_commands`` (pids or
    memory exhausted); not running (or removed by auto-remove) → the engine's own ``die``/``oom`` events for the
    container since it started: ``oom_killed`` or ``died (exit N)``. Events live in the running engine's memory,
-   so a container that died with a previous engine instance (an engine restart) has none: ``None``.
+   so a container that died with a previous engine instance (an engine restart) has none: ``None``; a container
+   killed or stopped through the engine's API (a ``kill``/``stop`` event: someone outside the sandbox, never a
+   process inside it) is not the agent's doing either: ``None``.
 
 Engine requests: ping + inspect (+ events, or + the probe exec's 2).
 """
@@ -105,16 +107,18 @@ class DockerOutageMixin:
                                         filters={"container": self.container_id, "type": "container"})
         self._count()
         died: int | None = None
-        seen = False
+        seen = killed_outside = False
         for event in stream:
             action = event.get("Action") or event.get("status") or ""
             if action == "oom":
                 oom_killed = True
+            elif action in ("kill", "stop", "pause"):  # through the engine's API: from outside the sandbox
+                killed_outside = True
             elif action == "die":
                 seen = True
                 code = ((event.get("Actor") or {}).get("Attributes") or {}).get("exitCode")
                 died = int(code) if str(code).lstrip("-").isdigit() else None
-        if not seen or self._state is not SandboxState.RUNNING:
+        if not seen or killed_outside or self._state is not SandboxState.RUNNING:
             return None
         if oom_killed:
             return "oom_killed"

@@ -32,7 +32,7 @@ def test_gym_12_agent_killing_its_sandbox_is_agent_caused(tmp_path, attack):
     assert len(results) == 1 and results[0].truncated
     assert record.failure_kind == OUTAGE and record.agent_caused and record.reward == 0.0, record
     assert record.outage_cause.startswith("died"), record.outage_cause
-    assert record.trainable and "agent-caused" in record.failure_message
+    assert record.trainable and "agent-caused" in record.failure_message and "died" in record.failure_message
     assert final.agent_caused and final.outage_cause == record.outage_cause
     assert not final.graded and final.reward is None and final.retryable  # TURN-8: retryable; run does not retry
 

@@ -105,12 +105,13 @@ def test_p2_sleep_infinity_left_behind_neither_blocks_nor_leaks(tmp_path):
     # nothing labelled is left: checked by the suite's autouse census (P3)
 
 
-# SPEC: STOP-8, TURN-8 (P2: an agent killing its sandbox's init ends the episode truncated and retryable)
+# SPEC: STOP-8, TURN-8, GYM-12 (P2: an agent killing its sandbox's init ends the episode truncated and retryable; the
+# turn is agent-caused, with reward 0.0)
 @pytest.mark.parametrize("attack", ["kill -TERM 1; sleep 5", "kill -9 -1; sleep 5"], ids=["term-pid1", "kill-all"])
 def test_p2_agent_killing_everything_is_a_retryable_outage(tmp_path, attack):
     results, final, took = _run(tmp_path, "touch /app/done; " + attack, name="killer")
     last = results[-1]
     assert len(results) == 1 and last.truncated and not last.terminated
-    assert last.record.failure_kind == OUTAGE and last.record.reward is None
+    assert last.record.failure_kind == OUTAGE and last.record.reward == 0.0 and last.record.agent_caused
     assert final.failure_kind == OUTAGE and final.retryable and not final.graded and final.reward is None
     assert took < 30

@@ -166,7 +166,6 @@ def test_a_server_that_is_down_gives_the_pinned_error(tmp_path, server, no_leaks
     # SPEC: GYM-13, STOP-6 — connection refused: status error, policy retry, failure_kind
     # harbor_gym:model_unreachable naming the URL, after the client's bounded retries; never trainable.
     import socket
-    import time
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -174,9 +173,7 @@ def test_a_server_that_is_down_gives_the_pinned_error(tmp_path, server, no_leaks
     env = HarborEnv(chat_task(tmp_path), config=DOCKER)
     try:
         env.reset(seed=0)
-        t0 = time.monotonic()
         _, reward, terminated, truncated, info = env.step(ChatAgent("policy", dead, max_retries=2))
-        elapsed = time.monotonic() - t0
     finally:
         env.close()
     record = info["turn"]
@@ -187,7 +184,7 @@ def test_a_server_that_is_down_gives_the_pinned_error(tmp_path, server, no_leaks
     assert info["episode_result"].retryable and not info["episode_result"].graded
     assert reward == 0.0 and (terminated or truncated)
     assert record.model_calls == ()
-    assert elapsed < 30  # bounded retries
+    assert record.timings["agent"] < 30  # bounded retries (the client's 2, with its backoff), not a hang
 
 
 def test_a_model_that_never_stops_is_cut_at_max_steps(tmp_path, server, no_leaks):
@@ -207,20 +204,17 @@ def test_a_model_that_never_stops_is_cut_at_max_steps(tmp_path, server, no_leaks
 def test_a_model_that_never_stops_is_cut_at_the_turn_budget(tmp_path, server, no_leaks):
     # SPEC: GYM-13, BUD-1, GYM-5 — a 1 s/answer model with no step bound ends when the turn's 4 s budget ends:
     # status timeout (graded), the calls made so far kept.
-    import time
-
     env = HarborEnv(chat_task(tmp_path, agent_timeout=4), config=DOCKER)
     try:
         env.reset(seed=0)
-        t0 = time.monotonic()
         _, _, _, _, info = env.step(ChatAgent("policy-slow", server.url, max_steps=1000))
-        elapsed = time.monotonic() - t0
     finally:
         env.close()
     record = info["turn"]
     assert record.agent_status == "timeout" and record.reward == 0.0
-    assert 2 <= len(record.model_calls) <= 5
-    assert record.timings["agent"] < 6 and elapsed < 20
+    assert record.outcome.metadata["stop_reason"] == "time"
+    assert 1 <= len(record.model_calls) <= 5
+    assert record.timings["agent"] < 4 + 3  # the budget, plus the last request's bound and the join grace
 
 
 def test_streamed_answers_give_the_same_model_calls(tmp_path, server, no_leaks):

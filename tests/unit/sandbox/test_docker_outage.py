@@ -63,7 +63,8 @@ def _die(code):
     (_Api(state={"Running": True}), True, None),                                       # it runs commands
     (_Api(removed=True, events=[]), True, None),                                       # restarted engine: no event
     (_Api(ping=False, removed=True, events=[_die(137)]), True, None),                  # unreachable engine
-], ids=["died", "oom-state", "oom-event", "no-commands", "fine", "engine-restarted", "engine-down"])
+    (_Api(removed=True, events=[{"Action": "kill"}, _die(137)]), True, None),         # killed through the API
+], ids=["died", "oom-state", "oom-event", "no-commands", "fine", "engine-restarted", "engine-down", "api-kill"])
 def test_gym_12_outage_report_from_engine_evidence(api, probe_ok, want):
     assert _Box(api, probe_ok=probe_ok).outage_report() == want
 
