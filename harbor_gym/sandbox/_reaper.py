@@ -242,13 +242,19 @@ def _create(client: "docker.DockerClient", settings: SandboxSettings) -> None:
             return
         raise
     try:
-        api.put_archive(REAPER_NAME, "/", _tar({_SCRIPT_PATH.lstrip("/"): _SCRIPT}, dirs=("leases",)))
+        _install(api)
     except BaseException:  # never leave a reaper without its program (it would restart forever)
         try:
             api.remove_container(REAPER_NAME, force=True)
         except Exception as exc:
             log.debug("removing a half-made reaper failed: %s", exc)
         raise
+
+
+def _install(api: Any) -> None:
+    """Upload the reaper's program and its lease folder into the reaper container (idempotent: also repairs a
+    reaper whose creator died between creating and uploading)."""
+    api.put_archive(REAPER_NAME, "/", _tar({_SCRIPT_PATH.lstrip("/"): _SCRIPT}, dirs=("leases",)))
 
 
 class EngineLease:
@@ -319,7 +325,11 @@ class EngineLease:
             self.client.api.put_archive(REAPER_NAME, "/leases", payload)
         except docker.errors.NotFound:
             ensure_reaper(self.client, self.settings, force=True)
-            self.client.api.put_archive(REAPER_NAME, "/leases", payload)
+            try:
+                self.client.api.put_archive(REAPER_NAME, "/leases", payload)
+            except docker.errors.NotFound:  # the reaper exists without its lease folder: its creator died half-way
+                _install(self.client.api)
+                self.client.api.put_archive(REAPER_NAME, "/leases", payload)
         except docker.errors.APIError as exc:
             if strict:
                 raise SandboxUnavailableError(f"cannot write the run's lease into the reaper: {exc}",
