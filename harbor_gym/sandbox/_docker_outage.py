@@ -96,9 +96,28 @@ class DockerOutageMixin:
             if res is None or not res.ok:
                 if self._state is not SandboxState.RUNNING:
                     return None
-                return "cannot_run_commands"
-            return None
+                state = self._state_now()  # a container on its way out still shows running for a moment
+                if state.get("Running"):
+                    return "cannot_run_commands"
+            else:
+                return None
         return self._death_from_events(bool(state.get("OOMKilled")))
+
+    def _state_now(self) -> dict:
+        """The container's ``State`` after the engine settled (``{}`` once removed), within about 2 s."""
+        import docker.errors
+
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                state = (self.client.api.inspect_container(self.container_id).get("State") or {})
+            except docker.errors.NotFound:
+                return {}
+            finally:
+                self._count()
+            if not state.get("Running") or time.monotonic() >= deadline:
+                return state
+            time.sleep(0.2)
 
     def _death_from_events(self, oom_killed: bool) -> str | None:
         """The engine's ``die`` (and ``oom``) events of this container, seen by the running engine instance."""
