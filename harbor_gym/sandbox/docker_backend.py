@@ -206,8 +206,10 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
         Measured by the engine (the container's ``SizeRw``, one list request of ~0.2 s that walks the writable
         layer), never by anything inside the sandbox, so a sandbox process cannot hide it; meant for a turn that
         already failed. The margin is the larger of 32 MiB and 5 % (filesystem metadata and the last short write
-        stay unaccounted). False without a storage bound, once the container is gone, or if the engine does not
-        answer."""
+        stay unaccounted). Where the engine cannot size a layer that is over its quota (btrfs simple quotas report
+        ``-1``), one root write of 1 MiB decides: it fails with "quota exceeded"/"no space left" (a sandbox
+        process could only hide that, making the turn an ordinary outage). False without a storage bound, once
+        the container is gone, or if the engine does not answer."""
         limit_mb = self.spec.storage_mb
         if limit_mb is None or self.container_id is None:
             return False
@@ -221,8 +223,20 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
         if not listed:
             return False
         used = int(listed[0].get("SizeRw") or 0)
+        if used < 0:  # the engine could not size the layer: on btrfs simple quotas, because it is over quota
+            return self._write_fails_for_space()
         limit = limit_mb << 20
         return used >= limit - max(32 << 20, limit // 20)
+
+    def _write_fails_for_space(self) -> bool:
+        probe = "/.hg-storage-probe"
+        try:
+            res = self.exec(["/bin/sh", "-c", f"dd if=/dev/zero of={probe} bs=1M count=1 2>&1; rc=$?; "
+                             f"rm -f {probe}; exit $rc"], timeout=30, user="root")
+            text = res.stdout + res.stderr
+        except SandboxError as exc:  # the exec wrapper itself could not write its temporary folder
+            text = str(exc)
+        return any(s in text.lower() for s in ("quota exceeded", "no space left"))
 
     def _require_running(self) -> str:
         if self._state is not SandboxState.RUNNING or self.container_id is None:
