@@ -268,6 +268,11 @@ class HarborEnv(gym.Env[dict, Any]):
         ``CancelledError`` propagates. Raises what ``step`` raises."""
         return await self._off_loop(lambda: self.step(action), stage="step")
 
+    async def aclose(self) -> None:
+        """``close`` without blocking the event loop: run on a thread of the env's executor."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor or async_executor(self.config.async_concurrency), self.close)
+
     async def _off_loop(self, call: Callable[[], Any], *, stage: str) -> Any:
         loop = asyncio.get_running_loop()
         self._loop = loop

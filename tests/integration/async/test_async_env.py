@@ -35,7 +35,7 @@ async def _episode(task, agent) -> tuple[float, list[float]]:
             if term or trunc:
                 return info["episode_result"].reward, rewards
     finally:
-        await asyncio.get_running_loop().run_in_executor(None, env.close)
+        await env.aclose()
 
 
 def test_16_async_episodes_on_one_loop_keep_the_ticker_on_time(task, no_leaks):
@@ -99,7 +99,7 @@ def test_cancelled_astep_stops_the_turn_and_leaves_nothing(task, docker_client, 
         # the env goes on: a new episode after the cancelled one
         await env.areset(seed=1)
         obs, reward, *_ = await env.astep(AsyncWriter())
-        await asyncio.get_running_loop().run_in_executor(None, env.close)
+        await env.aclose()
         return took, left, result, reward
 
     took, left, result, reward = asyncio.run(main())
@@ -122,7 +122,7 @@ def test_cancelled_areset_leaves_nothing(task, docker_client, no_leaks):
         with pytest.raises(asyncio.CancelledError):
             await reset
         left = labelled(docker_client)
-        await asyncio.get_running_loop().run_in_executor(None, env.close)
+        await env.aclose()
         return left
 
     assert asyncio.run(main()) == []
