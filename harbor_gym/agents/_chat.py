@@ -19,7 +19,8 @@ the same reset seeds sends the same requests.
 
 A server that cannot be reached (connection refused, timeouts, 5xx, 429, after the client's own ``max_retries``)
 ends the activation with ``status="error"``, ``policy="retry"`` and ``failure_kind="harbor_gym:model_unreachable"``
-naming the URL; 401/403/404 give ``policy="fail"`` and ``harbor_gym:model_error``; any other 400 (e.g. a context
+naming the URL (the client retries only while the turn has `_RETRY_TIME_S` or more left; a request cut by the
+turn's own time ends the activation as a timeout); 401/403/404 give ``policy="fail"`` and ``harbor_gym:model_error``; any other 400 (e.g. a context
 too long) ends the activation as ``completed`` with ``stop_reason="bad_request"``.
 
 Sessions: ``supports_continue = True``. Under ``turn_sessions="continue"`` the conversation (the message list) is
@@ -81,6 +82,8 @@ TEXT_PROMPT = ("To run a command, write it in a fenced code block that starts wi
 
 _BLOCK = re.compile(r"```(?:bash|sh)[ \t]*\n(.*?)```", re.DOTALL)
 _CONTINUE_KEY = "chat_messages"
+#: Below this many seconds left of the turn, a request gets no client retries (one try, bounded by the time left).
+_RETRY_TIME_S = 10.0
 
 
 def _truncate(text: str, limit: int) -> str:
@@ -311,6 +314,8 @@ class ChatAgent:
         sent_options = {} if not self.token_data else {
             k: v for k, v in TOKEN_OPTIONS.items() if k not in RefusedOptions.get(self.base_url)}
         timeout = self.request_timeout_s if time_left is None else max(0.5, min(self.request_timeout_s, time_left))
+        # the client's own retries only while the turn has time for them; near its end one try, bounded by it
+        retries = self.max_retries if time_left is None or time_left >= _RETRY_TIME_S else 0
         t0 = time.monotonic()
         for _ in range(len(TOKEN_OPTIONS) + 1):
             params: dict[str, Any] = {"temperature": self.temperature, "max_tokens": max_tokens}
@@ -325,7 +330,7 @@ class ChatAgent:
                 params["stream"] = True
                 params["stream_options"] = {"include_usage": True}
             try:
-                parsed = self._send(timeout, messages, body, params)
+                parsed = self._send(timeout, retries, messages, body, params)
                 break
             except openai.BadRequestError as exc:
                 refused = named_options(str(exc), set(sent_options))
@@ -362,10 +367,10 @@ class ChatAgent:
         return call, parsed
 
 
-    def _send(self, timeout: float, messages: list[dict[str, Any]], body: dict[str, Any],
+    def _send(self, timeout: float, retries: int, messages: list[dict[str, Any]], body: dict[str, Any],
               params: dict[str, Any]) -> Any:
         """One HTTP request; the answer as sent (raw JSON, or the raw SSE chunks when streaming), parsed."""
-        completions = self._client().with_options(timeout=timeout).chat.completions
+        completions = self._client().with_options(timeout=timeout, max_retries=retries).chat.completions
         if not self.stream:
             raw = completions.with_raw_response.create(model=self.model, messages=messages,
                                                        extra_body=body or None, **params)

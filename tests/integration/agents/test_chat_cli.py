@@ -54,7 +54,9 @@ def test_cli_chat_writes_rows_and_trajectories_reproducibly(tmp_path, server, no
             assert calls[0].params["temperature"] == 0.5
     first_seeds = {line["turns"][0]["model_calls"][0]["seed"] for line in lines}
     assert len(first_seeds) == 4  # K rollouts, K distinct per-call seeds
-    assert set(server.auth) == {"Bearer sk-test-secret"}
+    seeds = {c["seed"] for line in lines for t in line["turns"] for c in t["model_calls"]}
+    ours = [auth for body, auth in zip(server.requests, server.auth) if body.get("seed") in seeds]
+    assert len(ours) >= 8 and set(ours) == {"Bearer sk-test-secret"}  # from the variable, not from argv
     sent = len(server.requests)
 
     again = run_cli(server, tmp_path / "b", "-k", "1")
@@ -63,9 +65,9 @@ def test_cli_chat_writes_rows_and_trajectories_reproducibly(tmp_path, server, no
     [original] = [t for t in lines if t["rollout"] == 0]
     for a, b in zip(original["turns"], rerun["turns"]):
         assert [without_latency(c) for c in a["model_calls"]] == [without_latency(c) for c in b["model_calls"]]
-    assert server.requests[sent:] == [r for r in server.requests[:sent]
-                                      if r["seed"] in {c["seed"] for t in original["turns"]
-                                                       for c in t["model_calls"]}]
+    rollout0 = {c["seed"] for t in original["turns"] for c in t["model_calls"]}
+    assert [r for r in server.requests[sent:] if r.get("seed") in rollout0] == [
+        r for r in server.requests[:sent] if r.get("seed") in rollout0]  # the same requests, byte for byte
 
 
 def test_cli_help_lists_chat_and_refuses_a_key_argument(tmp_path):
