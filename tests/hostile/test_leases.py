@@ -141,8 +141,8 @@ def test_p3_sigkill_after_the_agent_stopped_everything_the_reaper_removes_the_ru
         before = labelled_everything(docker_client)
         # kill-everything ends the services' main processes: main is auto-removed, the sidecar stays exited (not
         # auto-removed, for its logs) with the network and the volume, left for the reaper
-        want = 3 if attack.startswith("kill -STOP") else 2
-        assert len(before["containers"]) == want and len(before["networks"]) == 1 and len(before["volumes"]) == 1, \
+        want = (3,) if attack.startswith("kill -STOP") else (2, 3)  # main's auto-removal may still be under way
+        assert len(before["containers"]) in want and len(before["networks"]) == 1 and len(before["volumes"]) == 1, \
             before
         containers = docker_client.api.containers(all=True, filters={"label": LABEL_FILTER})
         run_ids = {c["Labels"][LEASE_LABEL] for c in containers}
