@@ -76,6 +76,8 @@ class _Turn:
     art_snapshot: bool = False
     #: GYM-11: the processes a shared-mode freeze exempted (services).
     freeze_exempt: tuple = ()
+    #: GYM-11: how many processes this turn's freeze stopped (its `frozen` note); None: not noted.
+    frozen_count: int | None = None
     #: GYM-12: the turn's outage was caused by the agent, and how.
     agent_caused: bool = False
     outage_cause: str | None = None

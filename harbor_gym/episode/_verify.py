@@ -12,7 +12,7 @@ from typing import Any
 
 from harbor_gym.agents import agent_identity, build_trajectory
 from harbor_gym.episode._budgets import verifier_budget
-from harbor_gym.episode._freeze import freeze_fragment, parse_exempt
+from harbor_gym.episode._freeze import freeze_fragment, parse_exempt, thaw_fragment
 from harbor_gym.episode._modes import verifier_command
 from harbor_gym.episode._rewards import REWARD_FILES, RewardReading, reward_reading
 from harbor_gym.episode._shell import Script, q
@@ -73,10 +73,31 @@ class _VerifyPhase:
                 self._others.remove(vsb)
                 vsb.stop()
         else:
-            # GYM-11: what the freeze stopped stays stopped until the verifier's files are copied out; it is
-            # resumed by the next turn's preparation exec (`_prepare`), an episode that ends stops its sandbox.
+            # GYM-11: what the freeze stopped stays stopped until the verifier's files are copied out, then it is
+            # resumed at once (`_thaw_after_read_back`), so leftover processes keep running between turns; an
+            # episode that ends stops its sandbox instead.
             self._run_verifier(t, self._sandbox, builder, True, budget, env, shared=True)
+            if self._frozen_pending and t.index < len(self.task.steps) - 1:
+                self._thaw_after_read_back(t)
         t.verified = True
+
+    def _thaw_after_read_back(self, t: _Turn) -> None:
+        """GYM-11: resume exactly what this turn's freeze stopped, now that ``/logs/verifier`` has crossed to the
+        host, in one root exec (none when the freeze noted that it stopped nothing). A thaw that fails is owed and
+        retried first in the next turn's preparation exec (`_prepare`)."""
+        if t.frozen_count == 0:
+            self._frozen_pending = False
+            return
+        script = Script()
+        thaw_fragment(script)
+        try:
+            res = self._exec(self._sandbox, script.text(), timeout=_HOUSEKEEPING_S, user="root")
+        except SandboxError as exc:  # the next preparation exec thaws (or the turn's outage is reported there)
+            _log.warning("thaw after the verifier of %s failed, retried at the next preparation: %s",
+                         t.step.name, exc)
+            return
+        if script.outcome(res).finished:
+            self._frozen_pending = False
 
     def _run_verifier(self, t: _Turn, sb: Sandbox, builder: ArchiveBuilder, upload_tests: bool, budget: float,
                       env: dict[str, str], *, shared: bool) -> None:
@@ -139,6 +160,8 @@ class _VerifyPhase:
         if shared and self._freeze is not None:  # GYM-11: the services left running, for the turn record
             frozen = pre_out or out
             t.freeze_exempt = parse_exempt(frozen)
+            counted = frozen.first("frozen")
+            t.frozen_count = int(counted[0]) if counted and counted[0].isdigit() else None
             if frozen.has("freeze_unavailable"):
                 _log.warning("freeze of %s: the verifier's exec is not in a PID namespace of its own: nothing was "
                              "stopped (GYM-11)", step.name)

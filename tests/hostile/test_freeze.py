@@ -107,3 +107,27 @@ def test_gym_11_service_check_scores_one_under_the_default(tmp_path):
     assert all(t.freeze_exempt for t in final.turns), final.turns
     _, final = run_episode(REPO / "envs" / "service-check", Oracle(), config(freeze_agent_during_verify=True))
     assert final.reward == 0.5, final  # step 2's verifier cannot reach the stopped service (README)
+
+
+# SPEC: GYM-11 (only the stopped set is resumed after the verifier, right after its files crossed to the host: what
+# an earlier turn left running keeps running between turns, while the trainer's policy thinks)
+def test_gym_11_leftover_processes_run_between_turns(tmp_path):
+    import time
+
+    from harbor_gym.episode import Episode
+    from harbor_gym.task import load_task
+
+    ticker = "nohup sh -c 'while :; do date +%s%N >> /tmp/ticks; sleep 0.05; done' >/dev/null 2>&1 &"
+    cfg = config()
+    task = load_task(_task(tmp_path, "ticker"), cfg)
+    with Episode(task, cfg) as ep:
+        ep.start()
+        first = ep.run_turn(ticker).record
+        assert first.reward == 0.0 and first.reward_valid, first
+        start_ns = time.time_ns()
+        time.sleep(1.5)  # between turns: nothing of the episode runs on the host
+        stop_ns = time.time_ns()
+        second = ep.run_turn("cat /tmp/ticks").record
+    ticks = [int(line) for line in (second.output_tail or "").split() if line.isdigit()]
+    between = [tick for tick in ticks if start_ns + 200_000_000 <= tick <= stop_ns]
+    assert len(between) >= 10, (len(ticks), between[:3])  # ~25 expected at 20 per second
