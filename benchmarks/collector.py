@@ -142,16 +142,18 @@ def bench_waiting(task: Path, episodes: int, concurrency: int) -> dict:
             "ratio": round(waiting["steady_eps"] / max(1e-9, ceiling["steady_eps"]), 3), "target": 0.8}
 
 
-def bench_mixed(task: Path, episodes: int, slots: int = 8, base_seed: int = 3) -> dict:
+def bench_mixed(task: Path, episodes: int, slots: int = 8, base_seed: int = 3, pool: int = 0) -> dict:
+    """``pool > 0``: both sides take their sandboxes from warm pools of that size (seeding off the clock)."""
     from harbor_gym.vector import HarborVectorEnv
 
     seeds = [episode_seed(base_seed, task.name, k) for k in range(episodes)]
     t0 = time.monotonic()
+    config = {**CONFIG, "pool_size": pool}
     results = harbor_gym.collect(task, lambda t, k, s: Mixed(), rollouts_per_task=episodes, concurrency=slots,
-                                 config=CONFIG, seed=base_seed)
+                                 config=config, seed=base_seed)
     collector_s = time.monotonic() - t0
     assert sorted(r.seed for r in results) == sorted(seeds)
-    venv = HarborVectorEnv(slots, path=task, config=CONFIG, autoreset_mode="disabled", pool_size=0,
+    venv = HarborVectorEnv(slots, path=task, config=config, autoreset_mode="disabled", pool_size=pool,
                            on_error="mask")
     t0 = time.monotonic()
     try:
@@ -164,7 +166,11 @@ def bench_mixed(task: Path, episodes: int, slots: int = 8, base_seed: int = 3) -
     finally:
         vector_s = time.monotonic() - t0
         venv.close()
-    return {"episodes": episodes, "slots": slots, "collector_s": round(collector_s, 1),
+    if pool:
+        from harbor_gym.sandbox.pool import close_pools
+
+        close_pools()
+    return {"episodes": episodes, "slots": slots, "warm_pool": pool, "collector_s": round(collector_s, 1),
             "lockstep_vector_s": round(vector_s, 1), "speedup": round(vector_s / collector_s, 2), "target": 1.5,
             "collector_graded": sum(r.graded for r in results)}
 
@@ -175,13 +181,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--mixed-episodes", type=int, default=32)
     parser.add_argument("--only", default="A,B", help="which benchmarks: A (and C), B")
+    parser.add_argument("--pool", type=int, default=0, help="B: warm pool size on both sides (0: none)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hg-bench-collector-"))
     task = _task(root)
     out: dict = {}
     wanted = set(args.only.upper().split(","))
     if "B" in wanted:
-        out["B_mixed_turns"] = bench_mixed(task, args.mixed_episodes)
+        out["B_mixed_turns"] = bench_mixed(task, args.mixed_episodes, pool=args.pool)
     if "A" in wanted:
         out["A_waiting_agents"] = bench_waiting(task, args.episodes, args.concurrency)
     print(json.dumps(out, indent=2))

@@ -349,19 +349,21 @@ class HarborEnv(gym.Env[dict, Any]):
             lines.append(f"episode: reward {res.reward} ({res.strategy}) stopped_after_turn {res.stopped_after_turn}")
         return "\n".join(lines) + "\n"
 
-    def close(self) -> None:
+    def close(self, *, wait_removed: bool = True) -> None:
         """Stop every sandbox of the env (GYM-7). Idempotent; the env cannot be reset afterwards.
 
         With warm pools, the sandboxes its episodes were handed are removed before this returns (a pool retires
         them in the background otherwise); the pool's own warm sandboxes stay for other envs until
-        `harbor_gym.sandbox.pool.close_pools` (also run at interpreter exit)."""
+        `harbor_gym.sandbox.pool.close_pools` (also run at interpreter exit). ``wait_removed=False`` (for a
+        caller that waits on the pool factory itself later, as the rollout collector does) returns once the
+        episode's sandboxes were handed back for removal."""
         try:
             self._close_episode()
         finally:
             self._state = EnvState.CLOSED
             try:
                 wait = getattr(self._sandbox_factory or self._own_pool_factory, "wait_removed", None)
-                if wait is not None:
+                if wait is not None and wait_removed:
                     wait(60.0)
             finally:
                 super().close()

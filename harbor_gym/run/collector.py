@@ -86,6 +86,7 @@ class _Context:
     logs_dir: Callable[[str, int], Any] | None
     listener: Any
     pool: ThreadPoolExecutor | None = None
+    removals: list = field(default_factory=list)  # pool factories whose handed-out sandboxes are awaited at the end
 
 
 def _agent_parts(agent: Any) -> tuple[Any, Callable[[str], Any]]:
@@ -159,13 +160,19 @@ async def _attempt_async(job: _Job, attempt: int, ctx: _Context) -> RolloutResul
         return _env_error(job, attempt, exc, t0)
     finally:
         if env is not None:
-            await _close_env(env, ctx.pool)
+            await _close_env(env, ctx)
 
 
-async def _close_env(env: Any, pool: ThreadPoolExecutor | None) -> None:
+async def _close_env(env: Any, ctx: _Context) -> None:
+    """Close ``env``; a pooled sandbox's removal is awaited once, at the collector's end (`_wait_removed`)."""
     loop = asyncio.get_running_loop()
+    factory = env._sandbox_factory or env._own_pool_factory
+    later = callable(getattr(factory, "wait_removed", None))
     try:
-        await asyncio.shield(loop.run_in_executor(pool, env.close))
+        await asyncio.shield(loop.run_in_executor(ctx.pool, lambda: env.close(wait_removed=not later)))
+        if later and factory is not None:
+            factory = env._sandbox_factory or env._own_pool_factory
+            ctx.removals.append(factory)
     except asyncio.CancelledError:
         raise
     except Exception:  # a dead engine: the sandboxes are the reaper's now
@@ -347,8 +354,24 @@ async def rollouts(
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        await _wait_removed(ctx)
         if ctx.pool is not None:
             ctx.pool.shutdown(wait=False)
+
+
+async def _wait_removed(ctx: _Context) -> None:
+    """Every pooled sandbox the collector's episodes used is removed before the iterator's close returns."""
+    factories = list({id(f): f for f in ctx.removals}.values())
+    ctx.removals.clear()
+    if not factories:
+        return
+    loop = asyncio.get_running_loop()
+
+    def wait_all() -> None:
+        for factory in factories:
+            factory.wait_removed(60.0)
+
+    await asyncio.shield(loop.run_in_executor(ctx.pool, wait_all))
 
 
 def collect(path_or_dataset: Any, agent: Callable[[str, int, int], Any], **kwargs: Any) -> list[RolloutResult]:
