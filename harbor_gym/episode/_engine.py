@@ -29,7 +29,7 @@ from harbor_gym.episode._modes import effective_verifier_mode, render_instructio
 from harbor_gym.episode._outage import HARNESS_KILLED, STORAGE_EXCEEDED_KIND, agent_outage_cause
 from harbor_gym.episode._prepare import _PreparePhase
 from harbor_gym.episode._records import EpisodeResult, TurnRecord, TurnResult, outcome_fields
-from harbor_gym.episode._rewards import turn_reward
+from harbor_gym.episode._rewards import REWARD_FILE_NOT_FOUND_KIND, turn_reward
 from harbor_gym.episode._rollup import ScoreKind, TurnScore, episode_verifier_mode, roll_up
 from harbor_gym.episode._seed import _SeedPhase
 from harbor_gym.episode._session import SessionDriver
@@ -395,7 +395,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         else:
             kind = None  # ungraded: outage, deadline, agent retry/fail, step-1 preparation failure
         if kind is ScoreKind.VERIFIED:
-            reward: float | None = turn_reward(reading.rewards)
+            reward: int | float | None = turn_reward(reading.rewards, harbor=self._harbor)
             rewards = dict(reading.rewards)
         elif kind in (ScoreKind.NO_RESULT, ScoreKind.PREP_FAILED):
             reward, rewards = (None if self._harbor else 0.0), {}
@@ -410,6 +410,9 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             failure_kind = t.outcome.failure_kind  # the agent's own kind (GYM-13: harbor_gym:model_unreachable)
         if t.engine_error:
             failure_kind = ENGINE_ERROR_KIND
+        if (fault is TurnFault.NO_REWARD and failure_kind is None and reading is not None
+                and reading.source is None):  # issue 16: no reward file at all (Harbor: RewardFileNotFoundError)
+            failure_kind, t.cause = REWARD_FILE_NOT_FOUND_KIND, t.cause or reading.problem
         if failure_kind == STORAGE_EXCEEDED_KIND and not t.agent_caused:  # GYM-10/12: always the agent's doing
             t.agent_caused, t.outage_cause = True, "storage_exceeded"
         if t.agent_caused:  # GYM-12/13: the agent did it; the trainer sees a 0.0 it can train on
@@ -454,7 +457,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         """RWD-7..10, STOP-9: the episode result from the turns so far (``final=False``: provisional)."""
         strategy = getattr(self.task.config.multi_step_reward_strategy, "value",
                            self.task.config.multi_step_reward_strategy) or "mean"
-        roll = roll_up(self._scores, strategy, harbor=self._harbor)
+        roll = roll_up(self._scores, strategy, harbor=self._harbor, single_step=len(self.task.steps) == 1)
         n = len(self.task.steps)
         ran = len(self._records)
         return EpisodeResult(

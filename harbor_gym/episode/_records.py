@@ -119,8 +119,8 @@ class TurnRecord:
     step_name: str
     index: int
     instruction: str
-    reward: float | None
-    verifier_rewards: dict[str, float]
+    reward: int | float | None
+    verifier_rewards: dict[str, int | float]
     reward_valid: bool
     masked: bool
     verifier_mode: str | None
@@ -193,8 +193,8 @@ class EpisodeResult:
     """
 
     task_id: str
-    reward: float | None
-    verifier_rewards: dict[str, float]
+    reward: int | float | None
+    verifier_rewards: dict[str, int | float]
     strategy: str
     verifier_mode: str | None
     turns: tuple[TurnRecord, ...]

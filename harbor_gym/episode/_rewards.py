@@ -14,10 +14,18 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 __all__ = ["RewardReading", "parse_reward_txt", "parse_reward_json", "read_reward_files", "reward_reading",
-           "turn_reward", "REWARD_FILES"]
+           "turn_reward", "REWARD_FILES", "REWARD_FILE_NOT_FOUND_KIND", "NO_REWARD_FILE_PROBLEM"]
 
 #: The reward files of ``/logs/verifier``, in RWD-1 order.
 REWARD_FILES = ("reward.json", "reward.txt")
+
+#: The failure kind of a verification that wrote no reward file at all, under both semantics (Harbor names it
+#: ``RewardFileNotFoundError``); an invalid reward file keeps no kind (RWD-6 / DIFF-2).
+REWARD_FILE_NOT_FOUND_KIND = "harbor_gym:reward_file_not_found"
+
+#: The problem (and failure message) of a missing reward file: the paths looked at.
+NO_REWARD_FILE_PROBLEM = ("no reward file: looked for /logs/verifier/reward.json and /logs/verifier/reward.txt "
+                          "(RWD-1)")
 
 
 @dataclass(frozen=True)
@@ -32,7 +40,7 @@ class RewardReading:
     """
 
     valid: bool
-    rewards: Mapping[str, float]
+    rewards: Mapping[str, int | float]
     source: str | None = None
     problem: str | None = None
 
@@ -55,8 +63,10 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a finite number")
 
 
-def parse_reward_json(text: str, *, booleans_are_numbers: bool = False) -> dict[str, float] | None:
+def parse_reward_json(text: str, *, booleans_are_numbers: bool = False) -> dict[str, int | float] | None:
     """RWD-3: the rewards of a ``reward.json`` text, or ``None`` if invalid.
+
+    Values keep their JSON type ("that object", issue 16): ``1`` stays an ``int``, ``0.5`` a ``float``.
 
     Valid iff it is a JSON object with at least one key whose values are all finite JSON numbers (not booleans,
     strings, nulls, arrays, objects, ``NaN``, ``Infinity`` or numbers overflowing a float). With
@@ -68,12 +78,12 @@ def parse_reward_json(text: str, *, booleans_are_numbers: bool = False) -> dict[
         return None
     if not isinstance(data, dict) or not data:
         return None
-    out: dict[str, float] = {}
+    out: dict[str, int | float] = {}
     for key, value in data.items():
         if isinstance(value, bool):
             if not booleans_are_numbers:
                 return None
-            out[key] = float(value)
+            out[key] = int(value)
             continue
         if not isinstance(value, (int, float)):
             return None
@@ -83,7 +93,7 @@ def parse_reward_json(text: str, *, booleans_are_numbers: bool = False) -> dict[
             return None
         if not math.isfinite(number):
             return None
-        out[key] = number
+        out[key] = value
     return out
 
 
@@ -102,7 +112,7 @@ def read_reward_files(
         if value is None:
             return RewardReading(False, {}, "reward.txt", "reward.txt is not one finite number (RWD-2)")
         return RewardReading(True, {"reward": value}, "reward.txt")
-    return RewardReading(False, {}, None, "no reward file in /logs/verifier (RWD-1)")
+    return RewardReading(False, {}, None, NO_REWARD_FILE_PROBLEM)
 
 
 def reward_reading(report: Any, cap: int, *, booleans_are_numbers: bool = False) -> RewardReading:
@@ -126,9 +136,12 @@ def reward_reading(report: Any, cap: int, *, booleans_are_numbers: bool = False)
                              booleans_are_numbers=booleans_are_numbers)
 
 
-def turn_reward(rewards: Mapping[str, float]) -> float:
-    """RWD-5: ``rewards["reward"]`` when present, else ``0.0``."""
+def turn_reward(rewards: Mapping[str, int | float], *, harbor: bool = False) -> int | float | None:
+    """RWD-5: ``rewards["reward"]`` when present (its JSON type kept: an ``int`` stays an ``int``), else ``0.0``;
+    under Harbor semantics (issue 16) a valid file without a ``reward`` key has no turn reward (``None``)."""
     value = rewards.get("reward")
-    return float(value) if value is not None else 0.0
+    if value is not None:
+        return value
+    return None if harbor else 0.0
 
 

@@ -47,11 +47,13 @@ def test_p1_planted_rewards_tests_and_folders_never_count(tmp_path, backend, ver
     task = write_task(tmp_path, {"task.toml": toml(["s1", "s2"]), "tests/test.sh": verifier}, name="forge")
     results, final = run_episode(task, [ATTACKS[attack], ":"], config(backend))
     first = results[0].record
-    assert first.reward == 0.0 and first.failure_kind is None, first
+    assert first.reward == 0.0, first
     if verifier is ALWAYS:  # the verifier's own 0 counts; the episode goes on
         assert first.reward_valid and first.verifier_rewards == {"reward": 0.0} and len(results) == 2
+        assert first.failure_kind is None, first
     else:  # no file of the verifier's own: measured 0, stop (planted files were removed before test.sh ran)
         assert not first.reward_valid and len(results) == 1 and results[0].terminated
+        assert first.failure_kind == "harbor_gym:reward_file_not_found", first  # issue 16: its own kind
     assert final.reward == 0.0 and final.graded
 
 
