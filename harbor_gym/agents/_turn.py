@@ -47,6 +47,8 @@ class Turn:
         env: variables every command of this turn gets (e.g. ``HARBOR_STEP_NAME``).
         seed: the episode's reset seed (``None``: reset without a seed); agents derive their sampling seeds from it.
         rollout: the rollout index the runner gave at reset (``reset(options={"rollout": k})``), else ``None``.
+        prior_trajectory: DIFF-10, ``semantics="harbor"`` only: the first step's ``steps/<first>/trajectory.json``
+            (parsed JSON) on turn 0, the prior context Harbor gives ATIF-loading agents; ``None`` otherwise.
     """
 
     step_name: str
@@ -64,6 +66,7 @@ class Turn:
     _expired: list = field(default_factory=list, repr=False)
     seed: int | None = None
     rollout: int | None = None
+    prior_trajectory: Any = field(default=None, repr=False)
     _model_calls: list = field(default_factory=list, repr=False)
     #: issue 15: set by `harbor_gym.agents._async.AsyncAgentBridge` while an async activation runs on a loop
     _channel: Any = field(default=None, repr=False, compare=False)

@@ -31,6 +31,18 @@ class _ActivatePhase:
     def _agent_budget(self, step: Step) -> float | None:
         return agent_budget(step.agent_timeout_sec, None, self._multiplier, agent_timeout_cap(self.agent))
 
+    def _prior_trajectory(self, t: _Turn) -> Any:
+        """DIFF-10: under Harbor semantics the first step's ``trajectory.json`` (parsed) reaches turn 0's agent;
+        ``None`` otherwise (Seed refuses it at seed but for the oracle, LOAD-20)."""
+        path = self.task.first_step_trajectory
+        if t.index != 0 or path is None or not self._harbor:
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        except (OSError, ValueError, RecursionError) as exc:
+            _log.warning("%s: not readable JSON (%s); turn 0 gets no prior_trajectory (DIFF-10)", path, exc)
+            return None
+
     def _activate(self, t: _Turn) -> AgentOutcome:
         sb, step = self._sandbox, t.step
         budget = agent_budget(step.agent_timeout_sec, None, self._multiplier, agent_timeout_cap(t.agent))
@@ -42,7 +54,7 @@ class _ActivatePhase:
                     _deadline=None if bounded is None else time.monotonic() + bounded,
                     solution_env=self._solution_env if isinstance(t.agent, Oracle) else {},
                     session=self._sessions.session_for_activation(t.agent),
-                    seed=self.seed, rollout=self.rollout)
+                    seed=self.seed, rollout=self.rollout, prior_trajectory=self._prior_trajectory(t))
         if t.prelude is not None:
             outcome = self._run_folded_oracle(t, turn)
             if outcome is None:

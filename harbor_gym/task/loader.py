@@ -257,7 +257,7 @@ def load_task(
     toml_path = root / "task.toml"
     for name in ("task.toml", "instruction.md", "environment", "steps"):
         _check_inside(root, root / name, name)  # LOAD-13 (GYM-10): nothing the loader reads links out
-    task_config = parse_task_toml(toml_path)
+    task_config = parse_task_toml(toml_path, semantics=semantics.value)
     multiplier = check_timeout_multiplier(timeout_multiplier, path=root)
 
     environment_dir = _existing_dir(root / "environment")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import Field, StrictStr, field_validator, model_validator
+from pydantic import Field, StrictStr, ValidationInfo, field_validator, model_validator
 
 from harbor_gym.task.tables import (
     STEP_NAME_PATTERN,
@@ -233,12 +233,24 @@ class StepConfig(_Model):
 
     @field_validator("name")
     @classmethod
-    def _name(cls, value: str) -> str:
+    def _name(cls, value: str, info: ValidationInfo) -> str:
+        if (info.context or {}).get("semantics") == "harbor":  # DIFF-8: the names Harbor accepts
+            if not harbor_step_name_ok(value):
+                raise RuleViolation("LOAD-2", f"step name {value!r} is not a portable folder name of at most 255 "
+                                              "UTF-8 bytes (DIFF-8: no '/', no NUL, not '.' or '..')")
+            return value
         if not STEP_NAME_PATTERN.match(value):
             raise RuleViolation(
                 "LOAD-2", f"step name {value!r} does not match {STEP_NAME_PATTERN.pattern} (FMT-12)"
             )
         return value
+
+
+def harbor_step_name_ok(name: str) -> bool:
+    """DIFF-8 (``semantics="harbor"``): a step name Harbor accepts, i.e. any portable folder name: non-empty, at
+    most 255 UTF-8 bytes, no ``/`` or NUL, and not ``.`` or ``..`` (so ``steps/<name>/`` is one folder)."""
+    return (bool(name) and name not in (".", "..") and "/" not in name and "\x00" not in name
+            and len(name.encode("utf-8", errors="surrogatepass")) <= 255)
 
 
 def resolve_verifier_mode(task_verifier: VerifierConfig, step: StepConfig | None) -> VerifierEnvironmentMode:

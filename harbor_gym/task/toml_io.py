@@ -164,17 +164,18 @@ def _warn_at(path: Path, warning: Warning, key: str) -> None:
                            module="harbor_gym.task", registry=_WARNED)
 
 
-def _validate(model: type[M], data: dict[str, Any], path: Path, what: str) -> M:
+def _validate(model: type[M], data: dict[str, Any], path: Path, what: str,
+              context: dict[str, Any] | None = None) -> M:
     unknown = find_unknown_keys(model, data)
     if unknown:
         _warn_at(path, UnknownKeyWarning(f"unknown keys ignored (FMT-14): {', '.join(unknown)}"), unknown[0])
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         raise _load_error(exc, data, path, what) from exc
 
 
-def task_config_from_dict(raw: dict[str, Any], *, path: Path) -> TaskConfig:
+def task_config_from_dict(raw: dict[str, Any], *, path: Path, semantics: str = "seed") -> TaskConfig:
     """Validate raw TOML data as a ``TaskConfig`` (FMT-13 migration first, then one FMT-14 warning if needed).
 
     Raises:
@@ -189,7 +190,7 @@ def task_config_from_dict(raw: dict[str, Any], *, path: Path) -> TaskConfig:
     if legacy:
         names = ", ".join(format_field_path(_split_field(key)) for key in legacy)
         _warn_at(path, LegacyKeyWarning(f"legacy keys migrated (FMT-13): {names}"), legacy[0])
-    return _validate(TaskConfig, data, path, "task.toml")
+    return _validate(TaskConfig, data, path, "task.toml", {"semantics": semantics})
 
 
 def _read_toml(path: Path, rule: str) -> dict[str, Any]:
@@ -205,13 +206,13 @@ def _read_toml(path: Path, rule: str) -> dict[str, Any]:
         raise TaskLoadError(f"not valid TOML: {exc}", path=path, rule=rule) from exc
 
 
-def parse_task_toml(path: Path) -> TaskConfig:
-    """Read and validate one ``task.toml`` file.
+def parse_task_toml(path: Path, *, semantics: str = "seed") -> TaskConfig:
+    """Read and validate one ``task.toml`` file (``semantics="harbor"``: step names as Harbor accepts, DIFF-8).
 
     Raises:
         TaskLoadError: the file is missing, not UTF-8 TOML (LOAD-1), or breaks a rule of §2/§3.
     """
-    return task_config_from_dict(_read_toml(path, "LOAD-1"), path=path)
+    return task_config_from_dict(_read_toml(path, "LOAD-1"), path=path, semantics=semantics)
 
 
 def parse_settings_toml(path: Path) -> DatasetSettings:

@@ -1,5 +1,6 @@
 """SPEC §14 rows the engine covers, each run under both ``semantics`` settings on a real sandbox."""
 
+import json
 import time
 
 import pytest
@@ -91,15 +92,23 @@ def test_diff_7_prompt_template(tmp_path):
 # SPEC: DIFF-10
 def test_diff_10_first_step_trajectory(tmp_path):
     class Agent:
+        def __init__(self):
+            self.seen = []
+
         def run(self, turn):
+            self.seen.append((turn.index, turn.prior_trajectory))
             return AgentOutcome()
 
-    task = write_task(tmp_path, {"task.toml": toml(["s1"]), "steps/s1/trajectory.json": "{}",
+    traj = '{"schema_version": "ATIF-v1.2", "steps": [{"step_id": 1, "source": "user", "message": "hi"}]}'
+    task = write_task(tmp_path, {"task.toml": toml(["s1", "s2"]), "steps/s1/trajectory.json": traj,
                                  "tests/test.sh": REWARD_1})
     with pytest.raises(SeedRefusedError):
         run_episode(task, Agent(), SEED, agent=Agent())
-    res, _ = run_episode(task, Agent(), HARBOR, agent=Agent())
+    agent = Agent()
+    res, _ = run_episode(task, agent, HARBOR, agent=agent)
     assert res[0].record.reward == 1.0
+    # issue 16: under Harbor the first step's trajectory.json reaches the agent as prior context, on turn 0 only
+    assert agent.seen == [(0, json.loads(traj)), (1, None)]
 
 
 # SPEC: DIFF-11
