@@ -61,8 +61,11 @@ class TurnRow(BaseModel):
 
     step_name: str = Field(description="The step this turn ran.")
     index: int = Field(description="0-based turn index.")
-    reward: float | None = Field(description="Turn reward (RWD-5); None when masked/ungraded (no reward).")
-    verifier_rewards: dict[str, float] = Field(description="The reward file's values ({} when none counts).")
+    reward: int | float | None = Field(description="Turn reward (RWD-5; its JSON type kept, an int stays an int); "
+                                                   "None when masked/ungraded (no reward), or under harbor "
+                                                   "semantics when the reward file has no reward key.")
+    verifier_rewards: dict[str, int | float] = Field(description="The reward file's values, JSON types kept ({} when "
+                                                                 "none counts).")
     reward_valid: bool = Field(description="A valid reward file was read (RWD-1..3).")
     masked: bool = Field(description="The turn was masked (VER-11).")
     failure_kind: str | None = Field(description="e.g. harbor:step_setup_failed; None when none.")
@@ -89,13 +92,16 @@ class _EpisodeKey(BaseModel):
     seed: int | None = Field(description="The seed given to reset(); None when not known.")
     agent: str = Field(description="The agent: 'oracle', 'script:FILE', 'module:Class', or a class name.")
     attempt: int = Field(1, description="1-based attempt that produced this row (retries of outages/deadlines).")
+    backend: str | None = Field(None, description="The sandbox backend the run used ('docker' or 'local'; the CLI's "
+                                                  "'auto' decides it once, before anything runs); None when not known.")
 
 
 class RolloutRow(_EpisodeKey):
     """One graded episode (a line of ``rollouts.jsonl``)."""
 
-    reward: float = Field(description="Roll-up episode reward (RWD-7/8).")
-    verifier_rewards: dict[str, float] = Field(description="Per-key roll-up.")
+    reward: int | float = Field(description="Roll-up episode reward (RWD-7/8): a float for mean; final passes the "
+                                            "last turn's value through, an int included.")
+    verifier_rewards: dict[str, int | float] = Field(description="Per-key roll-up (JSON types kept under final).")
     strategy: str = Field(description="mean or final.")
     stopped_after_turn: str | None = Field(description="STOP-9: the last turn that ran iff some step did not run.")
     failure_kind: str | None = Field(None, description="Set only when the episode ended on a failed turn.")
@@ -121,6 +127,11 @@ class FailureRow(_EpisodeKey):
     outage_cause: str | None = Field(None, description="GYM-12: what the agent did, when agent_caused.")
 
 
+def _number(value: Any) -> int | float:
+    """A reward value with its JSON type kept: an ``int`` stays an ``int`` (issue 16), anything else a float."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else float(value)
+
+
 def _record_attr(record: Any, name: str, default: Any = None) -> Any:
     return getattr(record, name, default)
 
@@ -131,7 +142,7 @@ def turn_row(record: Any) -> TurnRow:
         step_name=record.step_name,
         index=int(record.index),
         reward=record.reward,
-        verifier_rewards={str(k): float(v) for k, v in dict(record.verifier_rewards).items()},
+        verifier_rewards={str(k): _number(v) for k, v in dict(record.verifier_rewards).items()},
         reward_valid=bool(record.reward_valid),
         masked=bool(record.masked),
         failure_kind=record.failure_kind,
@@ -168,20 +179,22 @@ def rows_from_episode(
     agent: str,
     attempt: int = 1,
     duration_sec: float,
+    backend: str | None = None,
 ) -> RolloutRow | FailureRow:
     """The row of a finished episode: a `RolloutRow` iff it was graded and not masked, else a `FailureRow`.
 
     Args:
         result: the EpisodeResult of ``info["episode_result"]``.
         records: the TurnRecords seen in ``info["turn"]`` (default: ``result.turns``; they are the same objects).
+        backend: the sandbox backend used (``docker``/``local``), recorded in the row.
     """
     turns = [turn_row(r) for r in (records if records is not None else result.turns)]
-    common = dict(task_id=task_id, rollout=rollout, seed=seed, agent=agent, attempt=attempt)
+    common = dict(task_id=task_id, rollout=rollout, seed=seed, agent=agent, attempt=attempt, backend=backend)
     if result.graded and not result.masked and result.reward is not None:
         return RolloutRow(
             **common,
-            reward=float(result.reward),
-            verifier_rewards={str(k): float(v) for k, v in dict(result.verifier_rewards).items()},
+            reward=_number(result.reward),
+            verifier_rewards={str(k): _number(v) for k, v in dict(result.verifier_rewards).items()},
             strategy=str(result.strategy),
             stopped_after_turn=result.stopped_after_turn,
             failure_kind=result.failure_kind,

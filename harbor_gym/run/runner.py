@@ -148,9 +148,15 @@ class _Runner:
         return self.opts.agent.new()  # an EpisodeAgent: the announced agent and each step's action
 
     # --- rows --------------------------------------------------------------------------------------------
+    def _backend(self) -> str | None:
+        """The backend recorded in every row: the config's, once ``auto`` is decided (the CLI decides it before
+        the run); ``None`` while it is still ``auto`` (a library caller that left it to each sandbox)."""
+        value = getattr(self.opts.config.backend, "value", self.opts.config.backend)
+        return None if value == "auto" else str(value)
+
     def _row(self, result: RolloutResult) -> RolloutRow | FailureRow:
         key = dict(task_id=result.task_id, rollout=result.rollout, seed=result.seed, agent=self.opts.agent.label,
-                   attempt=result.attempt)
+                   attempt=result.attempt, backend=self._backend())
         if result.episode is not None:
             return rows_from_episode(result.episode, records=list(result.turns), duration_sec=result.duration_sec,
                                      **key)
@@ -173,7 +179,7 @@ class _Runner:
         written = {(r.get("task_id"), r.get("reason")) for r in self.files.failures.rows() if r.get("rollout") is None}
         for task_id, error in self.targets.failures.items():
             row = FailureRow(task_id=task_id, rollout=None, seed=None, agent=self.opts.agent.label,
-                             reason=str(error), failure_kind=TASK_LOAD_FAILED)
+                             reason=str(error), failure_kind=TASK_LOAD_FAILED, backend=self._backend())
             if (task_id, row.reason) not in written:
                 self.files.write(row)
 

@@ -36,6 +36,7 @@ def test_run_oracle_over_envs_writes_graded_rows_with_expected_rewards(tmp_path,
     for raw in rows:
         row = RolloutRow.model_validate(raw)  # the schema
         assert row.agent == "oracle" and row.rollout == 0 and row.attempt == 1
+        assert row.backend == "docker"  # issue 16 item 5: the backend used is recorded in every row
         assert row.seed == episode_seed(0, row.task_id, 0)
         assert row.reward == 1.0 and row.stopped_after_turn is None
         if row.task_id in ORACLE:
