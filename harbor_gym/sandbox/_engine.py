@@ -155,7 +155,8 @@ def btrfs_simple_quota(root_dir: str) -> bool:
     if not root_dir or not os.path.isdir(root_dir):
         return False
     try:
-        mounts = [line.split() for line in open("/proc/self/mounts", encoding="utf-8", errors="replace")]
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as table:
+            mounts = [line.split() for line in table]
     except OSError:
         return False
     best = ("", "")
