@@ -21,6 +21,7 @@ Modules: this one (lifecycle, ``exec``), `_docker_container` (labels, host confi
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 import threading
@@ -317,6 +318,8 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
             raise
         except Exception as exc:
             translate_error(exc, what="exec", sandbox=self.name)
+        finally:
+            _close_socket(sock)
         duration = time.monotonic() - started
         lost = False
         if res.exit_code is None:
@@ -372,3 +375,21 @@ def _decode(data: bytes, total: int, cap: int) -> tuple[str, bool]:
     if total <= cap and len(data) <= cap:
         return data.decode("utf-8", errors="replace"), False
     return data[:cap].decode("utf-8", errors="replace") + dx.cut_marker(cap, max(total, len(data))), True
+
+
+def _close_socket(sock: Any) -> None:
+    """Close an exec's attached socket for good (the SDK leaves that to the caller; best effort).
+
+    ``socket.close()`` defers while file objects made from the socket are alive, and the SDK's dropped HTTP response
+    still holds one, so the descriptor is detached and closed here: no socket outlives its exec.
+    """
+    import socket as _socket
+
+    raw = getattr(sock, "_sock", sock)
+    try:
+        sock.close()
+        fd = raw.detach() if isinstance(raw, _socket.socket) else -1
+        if fd >= 0:
+            os.close(fd)
+    except OSError:
+        pass

@@ -124,7 +124,7 @@ def _labelled(eng) -> list:
 # SPEC: STOP-8, GYM-7, GYM-12 (P2/P3: an engine restarted mid-turn ends the turn truncated and retryable, not
 # agent-caused; nothing is left)
 def test_p2_engine_restarted_in_the_middle_of_a_turn(tmp_path, engine):
-    cfg = config()
+    cfg = config(default_storage_mb=None)  # the private engine's overlay2 on ext4 cannot bound size (GYM-10)
     client = engine.client()
     ep = Episode(load_task(_task(tmp_path), cfg), cfg, sandbox_factory=_factory(client, cfg))
     restarted = threading.Event()
@@ -159,7 +159,7 @@ def test_p2_engine_restarted_in_the_middle_of_a_turn(tmp_path, engine):
 
 # SPEC: GYM-2 (P2/P3: an engine unreachable at reset is a clear, retryable SeedError, fast; once back, all works)
 def test_p2_engine_unreachable_at_reset(tmp_path, engine):
-    cfg = config(seed_retries=1)
+    cfg = config(seed_retries=1, default_storage_mb=None)  # see above: no storage bound on this engine
     task = load_task(_task(tmp_path), cfg)
     engine.stop()
     import docker
