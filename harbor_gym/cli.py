@@ -40,7 +40,8 @@ def _say(console: Console, tag: str, text: str) -> None:
 
 def _plain_when_piped(table):
     """The run summary as plain text (no box art, no rule lines) when stdout is not a terminal, so that it stays
-    readable in a log file or a pipe; the boxed table on a terminal."""
+    readable in a log file or a pipe (printed on a wide console there, so that a cell such as a failure kind is
+    never folded mid-word); the boxed table on a terminal."""
     if not _out.is_terminal:
         table.box = None
         table.show_lines = False
@@ -336,7 +337,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         report = run_rollouts(targets, options, RichProgress(_err))
     finally:
         close_pools()
-    _out.print(_plain_when_piped(summary_table(report.summaries, report.load_failures)))
+    table = _plain_when_piped(summary_table(report.summaries, report.load_failures))
+    # piped: a console as wide as the table needs (rich caps every print at its console's width, 80 off a terminal)
+    (_out if _out.is_terminal else Console(file=_out.file, width=1000, highlight=False)).print(table)
     _say(_out, "", f"results: {out / 'rollouts.jsonl'} ({report.graded} graded this run), "
                f"{out / 'rollouts_failures.jsonl'} ({report.failed} failed this run), per-turn logs in {out / 'logs'}")
     if report.interrupted:
