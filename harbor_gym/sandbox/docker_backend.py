@@ -296,6 +296,7 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
             self._count()
         except Exception as exc:
             translate_error(exc, what="exec", sandbox=self.name)
+        raw_sock = getattr(sock, "_sock", sock)  # kept: closing the SocketIO drops its reference to the socket
         if stdin is not None:
             self._feed(sock, stdin)
 
@@ -319,7 +320,7 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
         except Exception as exc:
             translate_error(exc, what="exec", sandbox=self.name)
         finally:
-            _close_socket(sock)
+            _close_socket(sock, raw_sock)
         duration = time.monotonic() - started
         lost = False
         if res.exit_code is None:
@@ -377,15 +378,16 @@ def _decode(data: bytes, total: int, cap: int) -> tuple[str, bool]:
     return data[:cap].decode("utf-8", errors="replace") + dx.cut_marker(cap, max(total, len(data))), True
 
 
-def _close_socket(sock: Any) -> None:
+def _close_socket(sock: Any, raw: Any) -> None:
     """Close an exec's attached socket for good (the SDK leaves that to the caller; best effort).
 
-    ``socket.close()`` defers while file objects made from the socket are alive, and the SDK's dropped HTTP response
-    still holds one, so the descriptor is detached and closed here: no socket outlives its exec.
+    ``sock`` is the SDK's file-like wrapper and ``raw`` the socket under it, taken before anything closed the
+    wrapper (which forgets its socket). ``socket.close()`` defers while file objects made from the socket are alive,
+    and the SDK's dropped HTTP response still holds one, so the descriptor is detached and closed here: no socket
+    outlives its exec.
     """
     import socket as _socket
 
-    raw = getattr(sock, "_sock", sock)
     try:
         sock.close()
         fd = raw.detach() if isinstance(raw, _socket.socket) else -1
