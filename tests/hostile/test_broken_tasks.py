@@ -19,12 +19,16 @@ pytestmark = pytest.mark.docker
 NO_IMAGE = 'docker_image = "debian:bookworm-slim"\n'
 
 
-def _measured_zero(results, final, *, turns: int = 1) -> None:
-    """RWD-6/STOP-1: a verified turn without a valid reward file is a measured 0 and stops the episode."""
+NO_FILE = "harbor_gym:reward_file_not_found"
+
+
+def _measured_zero(results, final, *, turns: int = 1, kind: str | None = None) -> None:
+    """RWD-6/STOP-1: a verified turn without a valid reward file is a measured 0 and stops the episode; one that
+    wrote no reward file at all names it (``kind``), an invalid file has no failure kind."""
     last = results[-1]
     assert len(results) == turns and last.terminated and not last.truncated
     assert last.record.reward == 0.0 and not last.record.reward_valid and last.record.verifier_rewards == {}
-    assert last.record.failure_kind is None and final.graded and final.reward == 0.0 and not final.retryable
+    assert last.record.failure_kind == kind and final.graded and final.reward == 0.0 and not final.retryable
 
 
 # SPEC: GYM-2 (P2: a Dockerfile that fails to build is a clear, non-retryable seed error with the build log's end)
@@ -65,7 +69,7 @@ def test_p2_image_that_is_nowhere_is_not_pulled(tmp_path):
 def test_p2_verifier_without_a_valid_reward_is_a_measured_zero(tmp_path, script, problem):
     task = write_task(tmp_path, {"task.toml": toml(["s1", "s2"]), "tests/test.sh": script}, name=f"rw-{problem}")
     results, final = run_episode(task, ":")
-    _measured_zero(results, final)
+    _measured_zero(results, final, kind=NO_FILE if problem == "none" else None)
 
 
 # SPEC: VER-7, RWD-6, BUD-2 (P2: a verifier hanging past its budget is cut at budget + grace: a measured 0)
@@ -77,7 +81,7 @@ def test_p2_verifier_hanging_past_its_budget(tmp_path, script):
     t0 = time.monotonic()
     results, final = run_episode(task, ":", config(verifier_grace_s=3))
     took = time.monotonic() - t0
-    _measured_zero(results, final)
+    _measured_zero(results, final, kind=NO_FILE)
     assert results[0].record.timings["verify"] < 2 + 3 + 5 and took < 30
 
 
