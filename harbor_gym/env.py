@@ -158,6 +158,14 @@ class HarborEnv(gym.Env[dict, Any]):
         self._loop = None  # the event loop of the running areset/astep (async agents run on it)
 
     @property
+    def backend(self) -> str:
+        """The sandbox backend this env's episodes use: ``"docker"`` or ``"local"``, ``auto`` decided as the
+        sandboxes decide it (once per process: docker when an engine answers)."""
+        from harbor_gym.sandbox import choose_backend
+
+        return choose_backend(getattr(self.config.backend, "value", self.config.backend))
+
+    @property
     def last_result(self):
         """The `EpisodeResult` of the last episode that ended (``None`` before); after a cancelled ``astep``, the
         truncated result with ``failure_kind == CANCELLED_KIND``."""

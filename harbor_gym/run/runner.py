@@ -149,10 +149,11 @@ class _Runner:
 
     # --- rows --------------------------------------------------------------------------------------------
     def _backend(self) -> str | None:
-        """The backend recorded in every row: the config's, once ``auto`` is decided (the CLI decides it before
-        the run); ``None`` while it is still ``auto`` (a library caller that left it to each sandbox)."""
-        value = getattr(self.opts.config.backend, "value", self.opts.config.backend)
-        return None if value == "auto" else str(value)
+        """The backend recorded in every row: the config's, ``auto`` decided as the sandboxes decide it (once per
+        process; the CLI decides and announces it before the run)."""
+        from harbor_gym.sandbox import choose_backend
+
+        return choose_backend(getattr(self.opts.config.backend, "value", self.opts.config.backend))
 
     def _row(self, result: RolloutResult) -> RolloutRow | FailureRow:
         key = dict(task_id=result.task_id, rollout=result.rollout, seed=result.seed, agent=self.opts.agent.label,

@@ -78,7 +78,8 @@ class RecordRollouts(gym.Wrapper, gym.utils.RecordConstructorArgs):
                                         duration_sec=round(time.monotonic() - self._t0, 3)))
             raise
         task_id = info.get("task_id") or getattr(self.env.unwrapped.task, "id")
-        self._key = dict(task_id=task_id, rollout=self._next_rollout(task_id), seed=seed, agent=label)
+        self._key = dict(task_id=task_id, rollout=self._next_rollout(task_id), seed=seed, agent=label,
+                         backend=getattr(self.env.unwrapped, "backend", None))
         return obs, info
 
     def _next_rollout(self, task_id: str) -> int:
