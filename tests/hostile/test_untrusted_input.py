@@ -62,6 +62,11 @@ KIND = st.sampled_from(["file", "dir", "link-in", "link-out", "link-loop", "fifo
 
 def _make(root: Path, name: str, kind: str, data: bytes) -> None:
     path = root / name
+    # Never build through a link an earlier entry made (``steps`` -> /etc, then ``steps/a/tests/.harborignore``
+    # would write /etc/a/tests/.harborignore on the host): the fuzz itself must stay inside its folder.
+    parts = Path(name).parts
+    if any((root / Path(*parts[:i])).is_symlink() for i in range(1, len(parts))):
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() or path.is_symlink():

@@ -1,5 +1,5 @@
 """GYM-10, mechanical: after the hostile suite (this module is collected last in tests/hostile/), a scan of the
-host's root filesystem finds no file newer than the session's stamp outside the run's folders and scratch.
+host's own folders (`SCANNED`) finds no file newer than the session's stamp outside the run's folders and scratch.
 
 Left out of the scan, each for a stated reason: pseudo and runtime filesystems (``/proc``, ``/sys``, ``/dev``,
 ``/run``); scratch (``/tmp``, ``/var/tmp``: pytest's folders, local sandboxes' layers, temporary log folders);
@@ -11,8 +11,13 @@ Other filesystems than ``/`` are not crossed (``-xdev``).
 
 from __future__ import annotations
 
+import os
 import subprocess
 
+#: The host's own folders (the Filesystem Hierarchy Standard's, plus the root's home): where a file escaping a sandbox
+#: would land. Folders of the machine's operator outside these (a CI harness's output folder) are not scanned.
+SCANNED = ("/etc", "/usr", "/var", "/root", "/home", "/opt", "/srv", "/mnt", "/media", "/boot", "/bin", "/sbin",
+           "/lib", "/lib64", "/lib32", "/libx32")
 PRUNED = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/lib/docker", "/var/lib/containerd",
           "/var/lib/harbor-gym", "/var/log", "/var/cache", "/root/.cache", "/work")
 
@@ -22,7 +27,8 @@ def new_files(stamp) -> list[str]:
     prune: list[str] = []
     for path in PRUNED:
         prune += ["-path", path, "-o"]
-    cmd = ["find", "/", "-xdev", "(", *prune, "-name", "__pycache__", ")", "-prune", "-o",
+    roots = [root for root in SCANNED if os.path.isdir(root) and not os.path.islink(root)]
+    cmd = ["find", *roots, "-xdev", "(", *prune, "-name", "__pycache__", ")", "-prune", "-o",
            "(", "-type", "f", "-o", "-type", "l", ")", "-newer", str(stamp), "-print"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     return sorted(line for line in out.stdout.splitlines() if line and not line.endswith(".pyc"))
