@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -73,7 +74,8 @@ class RichProgress:
                 self._rewards.append(row.reward)
             else:
                 self._failed += 1
-                self._progress.console.print(f"[red]failed[/red] {task_id} rollout {rollout}: {row.reason}")
+                # the reason may quote a task's own output (a build log's end): printed verbatim, never as markup
+                self._progress.console.print(f"[red]failed[/red] {escape(f'{task_id} rollout {rollout}: {row.reason}')}")
             self._update(advance=1)
 
     def episode_abandoned(self, task_id: str, rollout: int) -> None:
@@ -105,9 +107,9 @@ def summary_table(summaries: list[TaskSummary], load_failures: dict[str, str]) -
     table.add_column("failure kinds", overflow="fold")
     for s in summaries:
         kinds = "\n".join(f"{k} x{n}" for k, n in sorted(s.failure_kinds.items())) or "-"
-        table.add_row(s.task_id, f"{s.graded}/{s.episodes}", _fmt_reward(s.mean_reward),
+        table.add_row(escape(s.task_id), f"{s.graded}/{s.episodes}", _fmt_reward(s.mean_reward),
                       _fmt_reward(s.mean_reward_all), s.step_pass_text("\n") or "-", str(s.early_stops),
                       str(s.agent_outages), kinds)
     for task_id in sorted(load_failures):
-        table.add_row(task_id, "not loaded", "-", "-", "-", "-", "-", "harbor_gym:task_load_failed")
+        table.add_row(escape(task_id), "not loaded", "-", "-", "-", "-", "-", "harbor_gym:task_load_failed")
     return table
