@@ -216,6 +216,13 @@ def _reap_all(deadline):
 
 def main():
     cfg = json.loads(sys.argv[1])
+    try:
+        bpf = bytes.fromhex(cfg.get("seccomp") or "")
+    except ValueError:
+        bpf = b""
+    if not bpf or len(bpf) % 8:  # before anything is mounted or started: a sandbox never runs unfiltered (GYM-10)
+        _fail("refused: no seccomp filter for the sandbox (GYM-10)")
+        return 3
     # A fresh session keyring for the keeper and so for bwrap and the sandbox's PID 1: not the trainer's.
     sys_keyctl = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
     if sys_keyctl is not None:
@@ -249,10 +256,6 @@ def main():
                     break
                 if not os.path.isdir(path):
                     os.mkdir(path, 0o755)
-        bpf = bytes.fromhex(cfg.get("seccomp") or "")
-        if not bpf or len(bpf) % 8:
-            _fail("refused: no seccomp filter for the sandbox (GYM-10)")
-            return 3
         seccomp_fd = os.memfd_create("harbor-gym-seccomp", 0)
         os.write(seccomp_fd, bpf)
         os.lseek(seccomp_fd, 0, os.SEEK_SET)

@@ -24,8 +24,9 @@ What it follows: moby's default profile (``profiles/seccomp/default_linux.go`` o
 
 Where it differs from Docker: a syscall this libseccomp cannot name is left out (denied, ``EPERM``); runc answers
 ``ENOSYS`` for syscalls newer than the profile, this filter ``EPERM`` (only ``clone3`` gets ``ENOSYS``). The x86
-ABI reaches ``socket`` also through ``socketcall``, whose arguments no filter sees (as in Docker). Docker 20.10 (on
-Debian bookworm) still allows io_uring; this filter follows the later profile.
+ABI reaches ``socket`` also through ``socketcall``, whose arguments no filter sees (as in Docker). Debian bookworm's
+Docker 20.10 predates three changes this filter follows: it still allows io_uring and ``AF_VSOCK`` sockets, and
+gates ``process_vm_readv``/``writev`` by ``CAP_SYS_PTRACE`` (``tests/hostile/test_local_seccomp.py`` compares both).
 
 It imports nothing of harbor_gym beyond errors; libseccomp (``libseccomp.so.2``, Debian's ``libseccomp2``) is
 loaded through ctypes on first use.
