@@ -22,20 +22,20 @@ Layout of one sandbox (see ``_keeper.py`` for the process that owns it):
   everything of it once the lease file has not been renewed for ``lease_ttl_s`` (the trainer died) or is gone.
 
 Commands (``_exec.py``) start in a fresh host launcher (``_launch.py``, ~15 ms per exec) that joins the sandbox's
-namespaces and cgroups, a fresh session keyring, and drops to the command's user and to Docker's default capability
-set minus ``mknod`` before its first ``execve``: no file of the sandbox (its ``sh``, libc, ``ld.so``,
+namespaces and cgroups, a fresh session keyring, drops to the command's user and to Docker's default capability
+set minus ``mknod`` and installs the seccomp filter before its first ``execve``: no file of the sandbox (its ``sh``, libc, ``ld.so``,
 ``/etc/ld.so.preload``) is ever opened, mapped or run with host privileges (GYM-10). Their output comes through
 pipes into capped buffers (``_streams.py``), never host files. Root in a local sandbox is host uid 0 with Docker's
 capabilities; as in Docker, /proc/sys and its kin are read-only and host-wide /proc entries and /sys/firmware are
 masked. Every process of the sandbox runs under Docker's default seccomp profile for those capabilities
 (``_seccomp.py``; bubblewrap installs it in PID 1, the launcher in every command): keyrings, user namespaces, bpf,
-perf_event_open, userfaultfd, io_uring and the mount API fail with EPERM as in a Docker container; without
-libseccomp the backend is refused. Files move with the sandbox's own ``tar`` run that way
+perf_event_open, userfaultfd, io_uring and the mount API fail with EPERM, as under moby's current default profile;
+without libseccomp the backend is refused. Files move with the sandbox's own ``tar`` run that way
 (``put``/``get``) or are read from the host beneath the sandbox's root (``read_file``, ``copy_out``). Users and
 owners are resolved from the sandbox's /etc/passwd and /etc/group, never the host's.
 What this backend cannot honour is refused at `start` with `SandboxUnavailableError`: a build context, an image with
 no root filesystem folder, GPUs, a limit that cgroups cannot enforce here (LOAD-24), an unfilterable public network
-(GYM-10).
+or no libseccomp (GYM-10).
 """
 
 from __future__ import annotations
