@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare this host for harbor_gym, idempotently: Debian's docker.io, bubblewrap and debootstrap; a running
+# Prepare this host for harbor_gym, idempotently: Debian's docker.io, bubblewrap, libseccomp2 and debootstrap; a running
 # Docker engine; the local base image (Debian bookworm minbase + python3) and its root filesystem folder for the
 # bubblewrap backend; a settings file that maps public image names to that local base and sets the pull policy.
 #
@@ -29,6 +29,7 @@ command -v mkfs.btrfs >/dev/null 2>&1 || need+=(btrfs-progs)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)  # the local backend's size-bounded writable layer
+dpkg -s libseccomp2 >/dev/null 2>&1 || need+=(libseccomp2)  # the local backend's seccomp filter (GYM-10)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     log "missing ${need[*]} and cannot install them (needs root and apt-get)"; exit 1

@@ -569,17 +569,29 @@ def test_root_cannot_set_host_wide_kernel_settings(settings):
 
 # SPEC: GYM-10
 def test_commands_do_not_share_the_trainers_session_keyring(settings):
-    # Root in a local sandbox is host uid 0: in the trainer's session keyring it could read or plant keys. Every
-    # command (and the sandbox's PID 1) joins a fresh one.
+    # Root in a local sandbox is host uid 0: in the trainer's session keyring it could read or plant keys. The
+    # seccomp filter denies keyctl outright (as Docker's profile does); beneath it, every command (and the sandbox's
+    # PID 1) joins a fresh session keyring, checked here with an allow-all filter in the launcher.
     import ctypes
+
+    from harbor_gym.sandbox.local import _exec, _seccomp
 
     sys_keyctl = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
     if sys_keyctl is None:
         pytest.skip("keyctl number unknown on this machine")
     ours = ctypes.CDLL(None).syscall(sys_keyctl, 0, -3, 0)  # KEYCTL_GET_KEYRING_ID of @s
-    probe = f"import ctypes; print(ctypes.CDLL(None).syscall({sys_keyctl}, 0, -3, 0))"
+    probe = (f"import ctypes, os; l = ctypes.CDLL(None, use_errno=True); r = l.syscall({sys_keyctl}, 0, -3, 0);"
+             " print(r if r > 0 else -ctypes.get_errno())")
+    users = ("root", "root", "nobody")
     with LocalSandbox(SandboxSpec(image=BASE_IMAGE), settings) as sb:
-        ids = {int(sb.exec(["python3", "-c", probe], timeout=30, user=u).stdout) for u in ("root", "root", "nobody")}
+        filtered = {int(sb.exec(["python3", "-c", probe], timeout=30, user=u).stdout) for u in users}
+        real = _seccomp.program
+        try:
+            _exec._seccomp.program = lambda caps: _seccomp.allow_all_program()
+            ids = {int(sb.exec(["python3", "-c", probe], timeout=30, user=u).stdout) for u in users}
+        finally:
+            _exec._seccomp.program = real
+    assert filtered == {-1}, filtered  # -EPERM: no keyring at all
     assert ours > 0 and ours not in ids and len(ids) == 3, (ours, ids)
 
 

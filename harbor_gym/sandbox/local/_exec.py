@@ -1,8 +1,9 @@
 """Commands in a local sandbox: `LocalExecMixin`, the ``exec`` of `LocalSandbox`.
 
 Every command starts in ``_launch.py``, a fresh host Python process that joins the sandbox's cgroups and
-namespaces, drops to the command's user and to `_CAPS` (Docker's default capability set minus ``mknod``) and only
-then executes the command, so no file of the sandbox is ever opened, mapped or executed with host privileges (SPEC
+namespaces, drops to the command's user and to `_CAPS` (Docker's default capability set minus ``mknod``), installs
+the seccomp filter of ``_seccomp.py`` (Docker's default profile for those capabilities) and only then executes the
+command, so no file of the sandbox is ever opened, mapped or executed with host privileges (SPEC
 GYM-10; see that module for why this design). Output comes through pipes read into sinks capped at
 ``output_cap_bytes`` (``_streams.py``: the host keeps no more than the cap, whatever the command writes); on timeout
 the command's whole process group is killed.
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from harbor_gym.errors import SandboxError, SandboxPathError
 from harbor_gym.sandbox.base import ExecResult
-from harbor_gym.sandbox.local import _rootfs, _streams
+from harbor_gym.sandbox.local import _rootfs, _seccomp, _streams
 
 if TYPE_CHECKING:
     from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec, SandboxState
@@ -98,7 +99,8 @@ class LocalExecMixin:
             argv = ["/bin/sh", "-c", 'cd -- "$0" || exit 126; exec "$@"', cwd, *command]
         return {
             "pid": pid, "cgroups": [d + "/cgroup.procs" for d in self.cgroup_dirs], "uid": info.uid,
-            "gid": info.gid, "groups": list(info.groups), "caps": CAP_MASK, "argv": argv, "env": dict(env),
+            "gid": info.gid, "groups": list(info.groups), "caps": CAP_MASK, "seccomp": _seccomp.program(_CAPS),
+            "argv": argv, "env": dict(env),
         }
 
     def _launch(self, request: dict, *, stdin: int | None, stdout: int, stderr: int) -> subprocess.Popen:

@@ -9,7 +9,9 @@ and owns everything of its sandbox:
    (the loop device with them) and the root filesystem folder is never written;
 2. starts bubblewrap on the merged tree (private PID/IPC/UTS namespaces; the keeper already runs in the sandbox's
    own network namespace), through the host's ``/bin/sh`` when the bwrap process must first join the sandbox's
-   cgroups;
+   cgroups, with the sandbox's seccomp filter (``cfg["seccomp"]``, hex of the BPF program ``_seccomp.py`` built;
+   ``bwrap --seccomp``), which bubblewrap installs in the sandbox's PID 1 and in the command it starts, so every
+   process of the sandbox is filtered. Without a filter in ``cfg`` the sandbox is not started (GYM-10);
 3. reports ``{"pid": <host pid of the sandbox's PID 1>}`` as one JSON line on stdout;
 4. watches the lease file: when its mtime is older than the lease TTL (the host stopped renewing it: the trainer
    died), or on SIGTERM/SIGINT, or when bwrap ends, it kills the sandbox (its PID namespace dies with PID 1),
@@ -214,6 +216,13 @@ def _reap_all(deadline):
 
 def main():
     cfg = json.loads(sys.argv[1])
+    try:
+        bpf = bytes.fromhex(cfg.get("seccomp") or "")
+    except ValueError:
+        bpf = b""
+    if not bpf or len(bpf) % 8:  # before anything is mounted or started: a sandbox never runs unfiltered (GYM-10)
+        _fail("refused: no seccomp filter for the sandbox (GYM-10)")
+        return 3
     # A fresh session keyring for the keeper and so for bwrap and the sandbox's PID 1: not the trainer's.
     sys_keyctl = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
     if sys_keyctl is not None:
@@ -247,8 +256,11 @@ def main():
                     break
                 if not os.path.isdir(path):
                     os.mkdir(path, 0o755)
+        seccomp_fd = os.memfd_create("harbor-gym-seccomp", 0)
+        os.write(seccomp_fd, bpf)
+        os.lseek(seccomp_fd, 0, os.SEEK_SET)
         info_r, info_w = os.pipe()
-        fds = [info_w]
+        fds = [info_w, seccomp_fd]
         argv = list(cfg["prefix"]) + ["--bind", merged, "/", "--ro-bind", sys_dir, "/sys"]
         for dest, data in cfg["files"].items():
             r, w = os.pipe()
@@ -256,7 +268,7 @@ def main():
             os.close(w)
             fds.append(r)
             argv += ["--bind-data", str(r), dest]
-        argv += ["--info-fd", str(info_w)] + list(cfg["args"])
+        argv += ["--info-fd", str(info_w), "--seccomp", str(seccomp_fd)] + list(cfg["args"])
         # bwrap's stderr (inherited by the sandbox's PID 1 and what it starts) is a pipe this keeper drains, never
         # a host file: a root agent can reopen it through /proc/1/fd/2, and a file would grow without bound.
         log_r, log_w = os.pipe()

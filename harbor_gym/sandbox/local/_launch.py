@@ -5,8 +5,9 @@ sandbox (an ``exec``, and the root ``tar`` of file transfer) starts here, and th
 part of it:
 
 1. read its request (``marshal``: the sandbox's pid, the cgroups to join, uid, gid, groups, the capabilities to keep,
-   argv, env) from the file descriptor ``FD`` (a memfd the host wrote; env never passes through this process's own
-   environment, so ``LD_PRELOAD`` and friends of a task never reach a host binary);
+   the seccomp filter, argv, env) from the file descriptor ``FD`` (a memfd the host wrote; env never passes through
+   this process's own environment, so ``LD_PRELOAD`` and friends of a task never reach a host binary). A request
+   without a seccomp filter (a BPF program, ``_seccomp.py``) is refused before anything else happens;
 2. join the sandbox's cgroups (host paths) and open the sandbox's namespace files and root (host ``/proc``);
 3. ``setns`` into its IPC, UTS, network, PID and mount namespaces, then ``chroot`` to its root. From here on this
    process runs as host root inside the sandbox's mount namespace, so it touches no path at all: every module and
@@ -15,11 +16,15 @@ part of it:
 4. fork (joining the PID namespace takes effect for children only; both processes are non-dumpable, so no process
    of the sandbox can ptrace the child or open its ``/proc`` files before its ``execve``); the child, still touching
    no path, joins a fresh session keyring (not the trainer's), drops the capability bounding set to the sandbox's
-   set (Docker's default set minus ``mknod``), clears
-   the ambient and inheritable sets, sets the supplementary groups, gid and uid, restores the default signal
+   set (Docker's default set minus ``mknod``), clears the ambient set, installs the seccomp filter (Docker's default
+   profile), sets the supplementary groups, gid and uid, clears the inheritable set, restores the default signal
    dispositions, and only then ``execve``s the command (searching ``PATH`` like ``execvp``). So the kernel opens the
-   sandbox's binary, its ``ld.so``, its libc and its ``/etc/ld.so.preload`` with the command's own credentials:
-   root inside the sandbox is bounded like Docker's root, any other user has no capability at all;
+   sandbox's binary, its ``ld.so``, its libc and its ``/etc/ld.so.preload`` with the command's own credentials and
+   under the filter: root inside the sandbox is bounded like Docker's root, any other user has no capability at all.
+   The filter goes in while the child still holds ``CAP_SYS_ADMIN``, as runc installs it when no_new_privs is off
+   (Docker's default): so no_new_privs stays off and set-uid programs of the sandbox (``su``, ``sudo``) work as in a
+   Docker container; every call after it (``setgroups``, ``setres[ug]id``, ``capset``, ``rt_sigaction``,
+   ``rt_sigprocmask``, ``execve``) is one the filter allows, and a refused one ends the child, never unfiltered;
 5. the parent waits and exits with the child's status (``128 + signal`` when killed by a signal).
 
 Why this and not the other ways (brief of issue 12, item 2). (a) An exec server inside the sandbox would be a
@@ -47,6 +52,8 @@ _PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
 _CAP_VERSION_3 = 0x20080522
 #: keyctl(2) by machine, and KEYCTL_JOIN_SESSION_KEYRING: the command gets a fresh, empty session keyring instead
 #: of the trainer's (root in the sandbox is host uid 0 and could read or change the trainer's session keys).
@@ -69,6 +76,12 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+class _SockFprog(ctypes.Structure):
+    """``struct sock_fprog``: the filter handed to ``prctl(PR_SET_SECCOMP)``."""
+
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
 _header = _CapHeader(_CAP_VERSION_3, 0)
 _data = (_CapData * 2)()
 _errno = ctypes.get_errno
@@ -80,8 +93,9 @@ def _die(code, what, err):
     os._exit(code)
 
 
-def _drop(uid, gid, groups, keep_caps):
-    """In the child: session keyring, bounding set, ambient, groups, gid, uid, inheritable; touches no path."""
+def _drop(uid, gid, groups, keep_caps, fprog):
+    """In the child: session keyring, bounding set, ambient, seccomp filter, groups, gid, uid, inheritable; touches
+    no path."""
     if _SYS_KEYCTL is not None and _syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
         _die(126, b"cannot leave the session keyring", _errno())
     for cap in range(_CAP_LAST + 1):
@@ -89,6 +103,8 @@ def _drop(uid, gid, groups, keep_caps):
             if _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and _errno() != 22:  # EINVAL: no such cap here
                 _die(126, b"cannot drop a capability", _errno())
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        _die(126, b"cannot install the seccomp filter", _errno())
     os.setgroups(groups)
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)  # a non-zero uid loses every permitted/effective capability here
@@ -128,6 +144,13 @@ def main():
     fd = int(sys.argv[1])
     with os.fdopen(fd, "rb") as fh:
         req = marshal.loads(fh.read())
+    bpf = req.get("seccomp") if isinstance(req, dict) else None
+    if not isinstance(bpf, bytes) or not bpf or len(bpf) % 8 or len(bpf) // 8 > 4096:  # BPF_MAXINSNS
+        # GYM-10: never a command without the sandbox's syscall filter.
+        os.write(2, b"harbor_gym: refused: the launch request carries no seccomp filter\n")
+        os._exit(125)
+    filter_buf = ctypes.create_string_buffer(bpf, len(bpf))
+    fprog = _SockFprog(len(bpf) // 8, ctypes.addressof(filter_buf))
     pid = req["pid"]
     for procs in req["cgroups"]:
         with open(procs, "w") as fh:
@@ -154,7 +177,7 @@ def main():
         child = os.fork()
         if child == 0:
             try:
-                _drop(uid, gid, groups, keep)
+                _drop(uid, gid, groups, keep, fprog)
                 _execvpe(argv, env)
             except BaseException as exc:  # noqa: BLE001 - never a traceback (it would read files)
                 _die(126, b"cannot start the command (" + type(exc).__name__.encode() + b")",

@@ -22,18 +22,20 @@ Layout of one sandbox (see ``_keeper.py`` for the process that owns it):
   everything of it once the lease file has not been renewed for ``lease_ttl_s`` (the trainer died) or is gone.
 
 Commands (``_exec.py``) start in a fresh host launcher (``_launch.py``, ~15 ms per exec) that joins the sandbox's
-namespaces and cgroups, a fresh session keyring, and drops to the command's user and to Docker's default capability
-set minus ``mknod`` before its first ``execve``: no file of the sandbox (its ``sh``, libc, ``ld.so``,
+namespaces and cgroups, a fresh session keyring, drops to the command's user and to Docker's default capability
+set minus ``mknod`` and installs the seccomp filter before its first ``execve``: no file of the sandbox (its ``sh``, libc, ``ld.so``,
 ``/etc/ld.so.preload``) is ever opened, mapped or run with host privileges (GYM-10). Their output comes through
 pipes into capped buffers (``_streams.py``), never host files. Root in a local sandbox is host uid 0 with Docker's
 capabilities; as in Docker, /proc/sys and its kin are read-only and host-wide /proc entries and /sys/firmware are
-masked. Unlike Docker there is no seccomp filter: host uid 0's user keyring and unprivileged user namespaces stay
-reachable (the keyring is empty on a usual host; the session keyring is the sandbox's own). Files move with the sandbox's own ``tar`` run that way
+masked. Every process of the sandbox runs under Docker's default seccomp profile for those capabilities
+(``_seccomp.py``; bubblewrap installs it in PID 1, the launcher in every command): keyrings, user namespaces, bpf,
+perf_event_open, userfaultfd, io_uring and the mount API fail with EPERM, as under moby's current default profile;
+without libseccomp the backend is refused. Files move with the sandbox's own ``tar`` run that way
 (``put``/``get``) or are read from the host beneath the sandbox's root (``read_file``, ``copy_out``). Users and
 owners are resolved from the sandbox's /etc/passwd and /etc/group, never the host's.
 What this backend cannot honour is refused at `start` with `SandboxUnavailableError`: a build context, an image with
 no root filesystem folder, GPUs, a limit that cgroups cannot enforce here (LOAD-24), an unfilterable public network
-(GYM-10).
+or no libseccomp (GYM-10).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from pathlib import Path
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec, SandboxState
-from harbor_gym.sandbox.local import _cgroups, _net, _streams
+from harbor_gym.sandbox.local import _cgroups, _net, _seccomp, _streams
 from harbor_gym.sandbox.local._exec import _CAPS, LocalExecMixin
 from harbor_gym.sandbox.local._files import LocalFilesMixin
 
@@ -75,7 +77,8 @@ def local_root() -> Path:
 
 
 def local_unavailable_reason() -> str | None:
-    """None when this host can run local sandboxes (root, bwrap, nsenter, unshare, overlayfs), else why not."""
+    """None when this host can run local sandboxes (root, bwrap, nsenter, unshare, overlayfs, a seccomp filter
+    built with libseccomp), else why not."""
     if os.geteuid() != 0:
         return "the local backend needs root (overlayfs and namespaces); use docker"
     for tool in ("bwrap", "nsenter", "unshare"):
@@ -87,7 +90,7 @@ def local_unavailable_reason() -> str | None:
                 return "the kernel has no overlay filesystem"
     except OSError as exc:
         return f"cannot read /proc/filesystems: {exc}"
-    return None
+    return _seccomp.unavailable_reason(_CAPS)  # GYM-10: never a local sandbox without its syscall filter
 
 
 #: Read-only in /proc, as Docker keeps them: the kernel's global settings. Root in a local sandbox is uid 0 of the
@@ -285,6 +288,7 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
             "ttl": self.settings.lease_ttl_s, "prefix": prefix, "args": args, "files": files,
             "dirs": sorted({self.workdir, *_TASK_DIRS} - {"/"}), "cgroups": list(self._cgroups.dirs),
             "cgroup_binds": [list(b) for b in self._cgroups.binds], "private_net": not self._host_network,
+            "seccomp": _seccomp.program(_CAPS).hex(),
         }
         # The keeper's own mount namespace (the overlay never shows on the host) and a fresh network namespace
         # holding only loopback (GYM-10; a public network adds eth0 on the filtered bridge below), shared by bwrap
