@@ -142,8 +142,10 @@ def test_two_concurrent_sessions_never_mix(proxy, upstream):
         try:
             client = openai_client(proxy, sessions[i].token)
             for k in range(6):
-                client.chat.completions.create(model="policy", messages=[
+                answer = client.chat.completions.create(model="policy", messages=[
                     {"role": "user", "content": f"session {i} call {k}\n$ echo s{i}"}], stream=k % 2 == 1)
+                if k % 2:
+                    list(answer)  # read the stream to its end
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -164,7 +166,8 @@ def test_two_concurrent_sessions_never_mix(proxy, upstream):
         assert result.turn_index == 3 and len(result.calls) == 6
         texts = [m[-1]["content"] for m in full_requests(result.calls)]
         assert sorted(texts) == sorted(f"session {i} call {k}\n$ echo s{i}" for k in range(6))
-        assert all(c.tool_calls[0]["arguments"] == json.dumps({"command": f"echo s{i}"}) for c in result.calls)
+        assert all(c.tool_calls and c.tool_calls[0]["arguments"] == json.dumps({"command": f"echo s{i}"})
+                   for c in result.calls), [c.to_dict() for c in result.calls]
 
 
 def test_model_list_forwarded_not_recorded(session, proxy, upstream):
