@@ -14,6 +14,9 @@ import h11
 __all__ = ["HttpConnection", "ClientGone", "RequestRefused", "json_bytes"]
 
 _READ_SIZE = 65536
+#: A refused request's unread body is drained for at most this long / this many bytes before the close.
+_LINGER_S = 0.5
+_LINGER_BYTES = 1024 * 1024
 _HEADERS_OVER_CAP = "the request headers are over the proxy's cap (GYM-10)"
 
 
@@ -209,7 +212,20 @@ class HttpConnection:
         await self._send(h11.EndOfMessage())
 
     async def close(self) -> None:
-        """Close the connection (idempotent; never raises)."""
+        """Close the connection (idempotent; never raises). A request whose body was not read (refused before it)
+        is drained a little first, bounded in bytes and time, so that the refusal is not lost to a TCP reset."""
+        try:
+            if self._h11.their_state is h11.SEND_BODY and self._h11.our_state is not h11.CLOSED:
+                self._writer.write_eof()
+                async with asyncio.timeout(_LINGER_S):
+                    drained = 0
+                    while drained < _LINGER_BYTES:
+                        piece = await self._reader.read(_READ_SIZE)
+                        if not piece:
+                            break
+                        drained += len(piece)
+        except (Exception, TimeoutError):  # a peer that keeps sending or went away: close now
+            pass
         try:
             self._writer.close()
             async with asyncio.timeout(1.0):
