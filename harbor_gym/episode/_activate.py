@@ -10,7 +10,7 @@ import time
 import traceback
 from typing import Any
 
-from harbor_gym.agents import AgentOutcome, AgentStatus, Oracle, ScriptAgent, Turn, agent_timeout_cap
+from harbor_gym.agents import AgentOutcome, AgentStatus, CommandAgent, Oracle, ScriptAgent, Turn, agent_timeout_cap
 from harbor_gym.agents._oracle import ORACLE_LOG, ORACLE_RUN
 from harbor_gym.episode._budgets import agent_budget
 from harbor_gym.episode._outage import WatchedExec
@@ -59,7 +59,7 @@ class _ActivatePhase:
             outcome = self._run_folded_oracle(t, turn)
             if outcome is None:
                 return None
-        elif isinstance(t.agent, (ScriptAgent, Oracle)):
+        elif isinstance(t.agent, (ScriptAgent, CommandAgent, Oracle)):  # one bounded exec: no thread needed
             outcome = self._call_agent(t.agent, turn)
         else:
             outcome = self._call_in_thread(t.agent, turn, bounded)
