@@ -4,7 +4,10 @@
 `DockerSandbox`) refuses what the engine cannot enforce, resolves the image, creates and starts the container.
 GYM-10: a storage size is applied through ``storage_opt`` wherever the engine bounds it (never a LOAD-24 refusal);
 an engine that cannot is refused naming what it needs. A public network is the shared filtered one
-(`harbor_gym.sandbox._netfilter`), never the default bridge.
+(`harbor_gym.sandbox._netfilter`), never the default bridge; a spec without a network that names a
+``host_service_port`` joins the shared internal proxy network instead of none (`harbor_gym.sandbox.host_route`), and
+is refused unless a route to that port is open. Every interface on one of harbor_gym's bridges is bound by the
+spoofing guard right after start, before any command runs (`_netfilter.bind_container`), and unbound at stop.
 """
 
 from __future__ import annotations
@@ -44,19 +47,23 @@ def storage_size_mb(storage_mb: int, *, image_bytes: int, includes_image: bool) 
 
 
 def build_host_config(spec: SandboxSpec, *, public_network: str = "bridge",
-                      storage_size: int | None = None) -> dict[str, Any]:
+                      storage_size: int | None = None, proxy_network: str | None = None) -> dict[str, Any]:
     """The keyword arguments of ``create_host_config`` for ``spec``.
 
     That is: an init process, auto-remove, the network (``public_network`` when the spec's network is on, else
-    none), nothing of the host mounted (the lease is enforced by the engine's reaper, `_reaper`), and the spec's
+    ``proxy_network`` when it names a ``host_service_port``, else none), nothing of the host mounted (the lease is enforced by the engine's reaper, `_reaper`), and the spec's
     limits (cpus, memory without swap, pids, storage,
     tmpfs sizes). ``storage_size`` (MiB) is the engine size bounding ``spec.storage_mb`` (`storage_size_mb`;
     default: ``storage_mb`` itself). Pure; a limit the engine cannot enforce is refused before this is built
     (``_refuse_unenforceable``; GYM-10, LOAD-24)."""
+    if not spec.network and spec.host_service_port is not None and not proxy_network:
+        raise ValueError("a spec naming host_service_port without a network needs the proxy network")
+    network_mode = public_network if spec.network else (
+        proxy_network if spec.host_service_port is not None else "none")
     host_config: dict[str, Any] = {
         "init": True,
         "auto_remove": True,
-        "network_mode": public_network if spec.network else "none",
+        "network_mode": network_mode,
     }
     if spec.cpus is not None:
         host_config["nano_cpus"] = int(spec.cpus * 1e9)
@@ -86,6 +93,8 @@ class DockerContainerMixin:
         _state: SandboxState
         _image: images.ImageInfo | None
         _lease: leases.Lease | None
+        _bindings: list
+        _host_service_address: str | None
 
         @property
         def client(self) -> docker.DockerClient: ...
@@ -122,7 +131,8 @@ class DockerContainerMixin:
             size = storage_size_mb(spec.storage_mb, image_bytes=self._image.size_bytes,
                                    includes_image=storage_support(self.client).includes_image)
         network = self._public_network() if spec.network else "bridge"
-        host_config = build_host_config(spec, public_network=network, storage_size=size)
+        proxy = self._host_route() if spec.host_service_port is not None else None
+        host_config = build_host_config(spec, public_network=network, storage_size=size, proxy_network=proxy)
         try:
             created = self._create(api, labels, host_config)
             self.container_id = created["Id"]
@@ -137,6 +147,9 @@ class DockerContainerMixin:
             translate_error(exc, what="create and start the container", sandbox=self.name)
         except Exception as exc:
             translate_error(exc, what="create and start the container", sandbox=self.name)
+        if self._joins_bridges() and self._guarded():
+            self._bindings = _netfilter.bind_container(self.client, self.container_id)  # GYM-10: no spoofing
+            self._count()
         self._state = SandboxState.RUNNING
         log.debug("sandbox %s started (container %s, image %s)", self.name, self.container_id, self._image.ref)
 
@@ -151,6 +164,48 @@ class DockerContainerMixin:
                 field="network", rule="GYM-10")
         return net.name
 
+    def _joins_bridges(self) -> bool:
+        """True iff the container joins a bridge of harbor_gym's (public, proxy; compose members: their group's)."""
+        return self.spec.network or self.spec.host_service_port is not None
+
+    def _guarded(self) -> bool:
+        """True iff the host filter and spoofing guard are installed (else the network runs unfiltered, allowed)."""
+        return _netfilter.public_network(self.client).filtered
+
+    def _host_route(self) -> str:
+        """The network through which the spec's ``host_service_port`` is reached (GYM-10): refused unless the host
+        filter is installed (never unfiltered) and a route to the port is open. Sets `host_service_address`.
+
+        Returns:
+            the proxy network's name (joined only by a spec without a network).
+        """
+        from harbor_gym.sandbox import host_route
+
+        port = self.spec.host_service_port
+        net = _netfilter.public_network(self.client) if self.spec.network else _netfilter.proxy_network(self.client)
+        iface = _netfilter.BRIDGE_IFACE if self.spec.network else _netfilter.PROXY_IFACE
+        if not net.filtered or not net.gateway:
+            raise SandboxUnavailableError(
+                f"sandbox {self.name}: host_service_port={port} needs the host filter, which cannot be installed "
+                f"here ({net.unfiltered_reason or 'the network has no gateway'})", field="host_service_port",
+                rule="GYM-10")
+        host_route.require_route("docker", port, iface, sandbox=self.name)
+        self._host_service_address = f"{net.gateway.split('/')[0]}:{port}"
+        return _netfilter.proxy_network(self.client).name
+
+    @property
+    def host_service_address(self) -> str | None:
+        """``"IP:PORT"`` of the spec's ``host_service_port`` inside the sandbox (its bridge's gateway), once
+        started; ``None`` when the spec names no port."""
+        if self._state is not SandboxState.RUNNING:
+            return None
+        return self._host_service_address
+
+    def _release_network(self) -> None:
+        """Remove the spoofing guard's bindings of the removed container (never raises)."""
+        bindings, self._bindings = self._bindings, []
+        _netfilter.unbind_all(bindings)
+
     def _create(self, api: Any, labels: dict[str, str], host_config: dict[str, Any]) -> dict:
         """Create the container; an image removed since it was inspected (gc) is resolved once more."""
         import docker.errors
@@ -162,6 +217,10 @@ class DockerContainerMixin:
             self._image = images.ensure_image(self.client, self.spec, self.settings)
             return self._create_once(api, labels, host_config)
         except docker.errors.NotFound as exc:
+            if _netfilter.PROXY_NETWORK in str(exc) and self.spec.host_service_port is not None:
+                _netfilter.forget(self.client)  # removed meanwhile (gc while unused): create it again, once
+                _netfilter.proxy_network(self.client)
+                return self._create_once(api, labels, host_config)
             if not self.spec.network or _netfilter.PUBLIC_NETWORK not in str(exc):
                 raise
             # the shared network was removed meanwhile (gc while unused): create it again, once

@@ -51,6 +51,10 @@ class SandboxSpec:
         cpus, memory_mb, storage_mb, pids_limit, gpus: limits; ``None`` = no limit. A backend that cannot enforce
             a given limit exactly refuses the spec at start (`SandboxUnavailableError`), never ignores it.
         network: ``False`` = no network interface but loopback.
+        host_service_port: a TCP port of a service on the trainer's host that this sandbox may reach (and no other
+            host port; `harbor_gym.sandbox.host_route`). A no-network sandbox then gets an interface that reaches
+            only that port on the host, nothing else (no egress, no siblings). Start is refused unless a route to
+            the port is open (`host_route.open_route`); `Sandbox.host_service_address` names it inside.
         tmpfs: mount point -> size in MiB of size-bounded tmpfs mounts.
         labels: extra labels; the managed and run labels are always added.
         name_hint: a readable part of the sandbox's name (e.g. the task id).
@@ -69,6 +73,7 @@ class SandboxSpec:
     pids_limit: int | None = None
     gpus: int | None = None
     network: bool = False
+    host_service_port: int | None = None
     tmpfs: Mapping[str, int] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     name_hint: str = "sandbox"
@@ -76,6 +81,9 @@ class SandboxSpec:
     def __post_init__(self) -> None:
         if (self.image is None) == (self.build_context is None):
             raise ValueError("SandboxSpec needs exactly one of image and build_context")
+        port = self.host_service_port
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+            raise ValueError(f"SandboxSpec.host_service_port must be a TCP port (1..65535), got {port!r}")
         # Freeze the mappings so a spec can be shared (pools key on it) and pickled.
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         object.__setattr__(self, "tmpfs", MappingProxyType(dict(self.tmpfs)))
@@ -214,6 +222,11 @@ class Sandbox(Protocol):
     @property
     def default_user(self) -> str:
         """The image's default user as configured (``"root"`` when the image names none)."""
+
+    @property
+    def host_service_address(self) -> str | None:
+        """``"IP:PORT"`` through which commands inside reach the spec's ``host_service_port`` (known after start);
+        ``None`` when the spec names no port."""
 
     def start(self) -> None:
         """Start the sandbox (build or resolve its image first). Raises `SandboxError` subclasses; after a raise

@@ -8,10 +8,11 @@ driver); a limit the engine cannot enforce exactly (``gpus`` on this CPU-only ba
 whose storage driver cannot bound size) is refused at start with `SandboxUnavailableError` (SPEC LOAD-24, GYM-10),
 never dropped; `storage_exceeded` tells whether the writable size reached its bound. ``network=False`` gives the
 container no interface but loopback; ``network=True`` joins the shared, host-filtered public network
-(`harbor_gym.sandbox._netfilter`, GYM-10).
+(`harbor_gym.sandbox._netfilter`, GYM-10); ``host_service_port`` without a network joins the proxy network, which
+reaches only that host port (`harbor_gym.sandbox.host_route`).
 
 Engine requests per call (the ``engine_requests`` counter counts them): start = create + start (+ image inspect,
-cached per process); exec = 2 (+1 kill exec on timeout); put/put_bytes = 1 (+2 once per sandbox to read
+cached per process; + 1 container inspect for the spoofing guard when the container joins a network); exec = 2 (+1 kill exec on timeout); put/put_bytes = 1 (+2 once per sandbox to read
 ``/etc/passwd`` and ``/etc/group`` when an owner is given by name); get/read_file = 1; stop = 1.
 
 Modules: this one (lifecycle, ``exec``), `_docker_container` (labels, host config and limits, create),
@@ -100,6 +101,8 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
         self._state = SandboxState.CREATED
         self._image: images.ImageInfo | None = None
         self._ids: tuple[str, str] | None = None  # cached /etc/passwd, /etc/group
+        self._bindings: list = []  # the spoofing guard's bindings of its ports (GYM-10)
+        self._host_service_address: str | None = None
         self._lock = threading.Lock()
 
     # --- properties -------------------------------------------------------------------------------------
@@ -161,20 +164,26 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
         if self._state is SandboxState.STOPPED:
             return
         self._state = SandboxState.STOPPED
+        removed = False  # the container is gone: its ports' spoofing-guard bindings may go too
         try:
             target = self.container_id or self.name
             try:
                 self.client.api.remove_container(target, force=True)
                 self._count()
+                removed = True
             except docker.errors.NotFound:
                 self._count()
+                removed = True
             except docker.errors.APIError as exc:
                 self._count()
+                removed = exc.status_code == 409
                 if exc.status_code != 409:  # 409: removal already in progress (auto_remove)
                     log.warning("sandbox %s: remove failed: %s (its lease removes it)", self.name, exc)
             except Exception as exc:  # engine gone: the lease removes the container by itself
                 log.warning("sandbox %s: remove failed: %s (its lease removes it)", self.name, exc)
         finally:
+            if removed:
+                self._release_network()
             leases.unregister(self)
 
     def __enter__(self) -> "DockerSandbox":

@@ -2,7 +2,8 @@
 
 It is a `DockerSandbox` in every respect (exec, put, get, read_file, stop) except how its container is
 created: attached to the group's network with the service name as its DNS alias, with the service's named
-volumes and read-only binds mounted, its read-write binds copied in before start (a bind of a task-folder path
+volumes and read-only binds mounted (``main`` also on the public network, or on the proxy network when it may
+reach a host service: `harbor_gym.sandbox.host_route`), its read-write binds copied in before start (a bind of a task-folder path
 is never mounted writable, so no sandbox writes into the downloaded folder on the host: SPEC GYM-10), its memory
 size in bytes, its compose healthcheck given to the engine, and its command run under `SERVICE_LOOP`.
 
@@ -153,16 +154,23 @@ class ServiceSandbox(DockerSandbox):
         )
         for mount in copies:
             self._copy_in(api, created["Id"], mount.source, mount.target)
-        if self.spec.network:  # GYM-10: egress only through the shared, host-filtered network
-            from harbor_gym.sandbox import _netfilter
+        from harbor_gym.sandbox import _netfilter
 
+        # GYM-10: egress only through the shared, host-filtered network; without a network, a host service's port
+        # only through the proxy network (harbor_gym.sandbox.host_route)
+        if self.spec.network or self.spec.host_service_port is not None:
+            net = (_netfilter.public_network if self.spec.network else _netfilter.proxy_network)(self.client)
             try:
-                api.connect_container_to_network(created["Id"], _netfilter.public_network(self.client).name)
+                api.connect_container_to_network(created["Id"], net.name)
                 self._count()
             except Exception as exc:
                 self._count()
-                translate_error(exc, what="join the public network", sandbox=self.name)
+                translate_error(exc, what=f"join the network {net.name}", sandbox=self.name)
         return created
+
+    def _joins_bridges(self) -> bool:
+        """Always: every service is on its group's bridge (bound by the spoofing guard, not isolated)."""
+        return True
 
     def _copy_in(self, api: Any, container_id: str, source: str, target: str) -> None:
         """Place a host file or folder's contents at ``target`` in the created (not yet started) container."""

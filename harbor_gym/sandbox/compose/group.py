@@ -3,7 +3,8 @@ COMPOSE-1..3).
 
 Start: one labelled, ``internal`` bridge network of the group (services reach each other by name, nothing reaches
 out through it; with the task's network on, service ``main`` also joins the shared, host-filtered public network
-for egress, GYM-10), the declared named volumes (labelled), then every service in
+for egress, GYM-10; without it, when ``main_spec`` names a ``host_service_port``, ``main`` joins the proxy network
+that reaches only that host port, `harbor_gym.sandbox.host_route`), the declared named volumes (labelled), then every service in
 ``depends_on`` order, each a `ServiceSandbox` (a `DockerSandbox`), waiting for ``condition: service_healthy``
 through the engine's healthcheck status before starting a dependent. ``main`` is the agent's sandbox; its spec
 (workdir, env, user, sizes) may come from the caller (`main_spec`). Sidecar sizes follow COMPOSE-2; sidecar

@@ -16,13 +16,20 @@ network off it holds only ``lo``. With the network on, `attach` adds:
   table (which Docker never reorders; it runs before the filter table) and again in the filter table, whose
   ``HG-LOCAL-OUT``/``HG-LOCAL-BACK`` chains also hold the ACCEPTs egress needs under a FORWARD policy of DROP.
 
+The spoofing guard (`harbor_gym.sandbox._spoofguard`) binds each sandbox's port to its MAC and address before the
+port comes up, so no sandbox sends as another (forged ARP or IPv4 source), and the host's neighbour entry of its
+address is permanent. A sandbox without a network that may reach one host service (``routed_only``,
+`harbor_gym.sandbox.host_route`) gets ``eth0`` too, with no default route, and the guard lets it send IPv4 only to
+the bridge's address, where the host admits only the route's port (the chain ``HG-HOST-ROUTE``, jumped to first in
+``INPUT`` of both tables).
+
 Every host command here runs host binaries (``ip``, ``bridge``, ``iptables``) in the host's mount namespace; the
 ones that configure ``eth0`` join only the sandbox's network namespace (``nsenter --net``), never its mount
 namespace, so no file of the sandbox is used. Addresses are leased as files under `LEASE_DIR` (created exclusively,
 naming the sandbox's folder; a lease whose folder is gone is stale and reused). The veth pair vanishes with the
 sandbox's network namespace.
 
-Where the filter cannot be installed (not root, no ``ip``/``iptables``, an address clash), `filter_unavailable_reason`
+Where the filter cannot be installed (not root, no ``ip``/``iptables``/``nft``, an address clash), `filter_unavailable_reason`
 says why; `LocalSandbox` then refuses a public-network spec unless told that unfiltered egress is acceptable.
 """
 
@@ -39,8 +46,10 @@ import subprocess
 from pathlib import Path
 
 from harbor_gym.errors import SandboxUnavailableError
+from harbor_gym.sandbox import _route_chain, _spoofguard
 
-__all__ = ["BRIDGE", "LEASE_DIR", "subnet", "filter_unavailable_reason", "ensure_bridge", "attach", "release"]
+__all__ = ["BRIDGE", "LEASE_DIR", "subnet", "gateway", "filter_unavailable_reason", "ensure_bridge", "attach",
+           "release"]
 
 BRIDGE = "hg-local0"
 #: Where address leases live (one file per address in use).
@@ -50,6 +59,7 @@ _CHAIN_BACK = "HG-LOCAL-BACK"  # FORWARD, towards a sandbox
 _DEFAULT_SUBNET = "10.213.0.0/16"
 _TIMEOUT_S = 20.0
 _ensured = False
+_bindings: dict[str, _spoofguard.Binding] = {}  # address -> its port's binding
 
 
 def subnet() -> ipaddress.IPv4Network:
@@ -57,8 +67,12 @@ def subnet() -> ipaddress.IPv4Network:
     return ipaddress.IPv4Network(os.environ.get("HARBOR_GYM_LOCAL_SUBNET") or _DEFAULT_SUBNET)
 
 
-def _gateway() -> ipaddress.IPv4Address:
+def gateway() -> ipaddress.IPv4Address:
+    """The bridge's own address (the sandboxes' gateway; a host service routed to them listens there)."""
     return next(subnet().hosts())
+
+
+_gateway = gateway
 
 
 def _run(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
@@ -87,7 +101,7 @@ def filter_unavailable_reason() -> str | None:
     """None when `ensure_bridge` can install the filter here, else why not (for the refusal's message)."""
     if os.geteuid() != 0:
         return "installing the host firewall for the sandboxes' bridge needs root"
-    for tool in ("ip", "bridge", "iptables", "ip6tables", "nsenter"):
+    for tool in ("ip", "bridge", "iptables", "ip6tables", "nsenter", "nft"):
         if _tool(tool) is None:
             return f"{tool} is not installed (run scripts/setup-host.sh)"
     net = subnet()
@@ -101,7 +115,7 @@ def filter_unavailable_reason() -> str | None:
             continue
         if other.version == 4 and other.overlaps(net) and other.prefixlen > 0:
             return f"the sandboxes' subnet {net} overlaps the host route {dst} (set HARBOR_GYM_LOCAL_SUBNET)"
-    return None
+    return _spoofguard.unavailable_reason()
 
 
 def _uplinks() -> list[str]:
@@ -174,6 +188,11 @@ def ensure_bridge() -> None:
             for chain in ("INPUT", "FORWARD"):
                 _ensure_rule(ip6tables, table, chain, ["-i", BRIDGE, "-j", "DROP"])
             _ensure_rule(ip6tables, table, "FORWARD", ["-o", BRIDGE, "-j", "DROP"])
+        for table in ("mangle", "filter"):  # host routes' exceptions stay above the INPUT drops
+            failed = _route_chain.ensure_first(iptables, table)
+            if failed is not None:
+                raise SandboxUnavailableError(f"the local backend's host route chain failed: {failed}",
+                                              field="network", rule="GYM-10")
     _ensured = True
 
 
@@ -208,8 +227,15 @@ def _lease_address(owner: Path) -> ipaddress.IPv4Address:
     raise SandboxUnavailableError(f"no free address left in {net} for a local sandbox", field="network")
 
 
-def attach(pid: int, owner: Path) -> ipaddress.IPv4Address:
-    """Give the network namespace of ``pid`` an ``eth0`` on the bridge (see the module docstring).
+def attach(pid: int, owner: Path, *, routed_only: bool = False) -> ipaddress.IPv4Address:
+    """Give the network namespace of ``pid`` an ``eth0`` on the bridge (see the module docstring), its port bound
+    by the spoofing guard before it comes up.
+
+    Args:
+        pid: a process of the sandbox (its network namespace gets ``eth0``).
+        owner: the sandbox's folder (the address lease names it).
+        routed_only: no default route, and IPv4 to the bridge's address only (a sandbox without a network that
+            may reach one host service).
 
     Returns:
         the sandbox's address (leased to ``owner`` until `release`).
@@ -227,10 +253,15 @@ def attach(pid: int, owner: Path) -> ipaddress.IPv4Address:
     try:
         _run([ip, "link", "add", host_end, "type", "veth", "peer", "name", inner])
         try:
+            mac = Path(f"/sys/class/net/{inner}/address").read_text().strip()
             _write_sysctl(f"/proc/sys/net/ipv6/conf/{host_end}/disable_ipv6", "1")
             _run([ip, "link", "set", inner, "netns", str(pid)])
             _run([ip, "link", "set", host_end, "master", BRIDGE])
             _run([bridge, "link", "set", "dev", host_end, "isolated", "on"])
+            binding = _spoofguard.Binding(port=host_end, bridge=BRIDGE, mac=mac, ipv4=str(addr),
+                                          routed_to=str(_gateway()) if routed_only else None)
+            _spoofguard.bind(binding)  # GYM-10: before the port comes up
+            _bindings[str(addr)] = binding
             _run([ip, "link", "set", host_end, "up"])
         except BaseException:
             _run([ip, "link", "del", host_end], check=False)
@@ -240,7 +271,8 @@ def attach(pid: int, owner: Path) -> ipaddress.IPv4Address:
         _run([*netns, "/bin/sh", "-c", "echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6 2>/dev/null; :"])
         _run([*netns, ip, "addr", "add", f"{addr}/{prefix}", "dev", "eth0"])
         _run([*netns, ip, "link", "set", "eth0", "up"])
-        _run([*netns, ip, "route", "add", "default", "via", str(_gateway())])
+        if not routed_only:
+            _run([*netns, ip, "route", "add", "default", "via", str(_gateway())])
     except BaseException:
         release(addr)
         raise
@@ -251,6 +283,9 @@ def release(addr: ipaddress.IPv4Address | str | None) -> None:
     """Give the address back (idempotent, never raises)."""
     if addr is None:
         return
+    binding = _bindings.pop(str(addr), None)
+    if binding is not None:
+        _spoofguard.unbind(binding)
     try:
         (LEASE_DIR / str(addr)).unlink()
     except OSError as exc:

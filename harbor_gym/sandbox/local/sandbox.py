@@ -13,7 +13,9 @@ Layout of one sandbox (see ``_keeper.py`` for the process that owns it):
 - private mount, PID, IPC, UTS and network namespaces, always: with the network off the network namespace holds
   only ``lo``; with it on, ``eth0`` on a host bridge whose firewall lets the sandbox reach neither a host address
   nor a sibling (``_net.py``). Where that filter cannot be installed a public network is refused at start unless
-  `SandboxSettings.unfiltered_network` is ``"allow"``, which shares the host's network namespace (GYM-10);
+  `SandboxSettings.unfiltered_network` is ``"allow"``, which shares the host's network namespace (GYM-10); a spec
+  with ``host_service_port`` gets ``eth0`` on that bridge even without a network, reaching only that port of the
+  host (`harbor_gym.sandbox.host_route`), and is refused where no route is open or the filter cannot be installed;
 - memory (``memory_mb``, the episode layer's default 4096), pids and cpus through cgroups (``_cgroups.py``);
 - ``/proc``, ``/dev``, ``/etc/hosts``, ``/etc/hostname``, the spec's tmpfs mounts, the workdir and ``/logs/{agent,
   verifier,artifacts}``; a fresh read-only ``/sys`` of the sandbox's network namespace whose ``/sys/fs/cgroup``
@@ -174,6 +176,14 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         return self.spec.user or "root"
 
     @property
+    def host_service_address(self) -> str | None:
+        """``"IP:PORT"`` of the spec's ``host_service_port`` inside the sandbox (the bridge's address), once
+        started; ``None`` when the spec names no port."""
+        if self.spec.host_service_port is None or self._address is None:
+            return None
+        return f"{_net.gateway()}:{self.spec.host_service_port}"
+
+    @property
     def pid(self) -> int | None:
         """Host pid of the sandbox's PID 1 while it runs (for diagnostics and tests)."""
         return self._pid
@@ -254,6 +264,7 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         rootfs = self.resolve_rootfs()
         self._refuse_unsupported()
         self._host_network = self._refuse_unfiltered_network()
+        self._refuse_unrouted()
         lease = self._lease_obj or leases.process_lease()
         lease.want_ttl(self.settings.lease_ttl_s)
         self.run_id = lease.run_id
@@ -301,8 +312,8 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
             raise SandboxUnavailableError(f"the local sandbox could not start: {report['error']}", field="start")
         self._pid = int(report["pid"])
         self._layer = report.get("layer")
-        if spec.network and not self._host_network:
-            self._address = str(_net.attach(self._pid, self._dir))
+        if (spec.network or spec.host_service_port is not None) and not self._host_network:
+            self._address = str(_net.attach(self._pid, self._dir, routed_only=not spec.network))
 
     def _refuse_unfiltered_network(self) -> bool:
         """GYM-10: whether the sandbox must share the host's network namespace (a public network where the host
@@ -325,6 +336,25 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         _log.warning("local sandbox %s: public network unfiltered (%s); it shares the host's network namespace "
                      "and reaches every host service and sibling", self.name, reason)
         return True
+
+    def _refuse_unrouted(self) -> None:
+        """GYM-10: a spec naming a host service port needs the filter and an open route to that port (never
+        unfiltered: the route is the only host port it may reach).
+
+        Raises:
+            SandboxUnavailableError: the filter cannot be installed here, or no route to the port is open.
+        """
+        port = self.spec.host_service_port
+        if port is None:
+            return
+        from harbor_gym.sandbox import host_route
+
+        if self._host_network:
+            raise SandboxUnavailableError(
+                f"sandbox {self.name}: host_service_port={port} needs the local backend's network filter, which "
+                f"cannot be installed here ({_net.filter_unavailable_reason()})", field="host_service_port",
+                rule="GYM-10")
+        host_route.require_route("local", port, _net.BRIDGE, sandbox=self.name)
 
     def _read_report(self) -> dict:
         keeper = self._keeper
