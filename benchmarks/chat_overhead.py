@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration" / "agents"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from policy_server import PolicyServer  # noqa: E402
 

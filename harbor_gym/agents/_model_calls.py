@@ -12,6 +12,12 @@ a sequence (``messages_offset == 0``) holds its whole request, so each turn reco
 
 Token fields hold exactly what the server sent; a field the server did not give is ``None`` and is never rebuilt by
 re-tokenising.
+
+How a call ended (``status``): ``ok`` (a whole answer arrived), ``cancelled`` (cut before its end, e.g. by the turn's
+budget: the fields hold what had arrived) or ``error`` (the server failed or a cap was hit; ``error`` says which).
+``api`` names the protocol the caller spoke (``openai`` Chat Completions, or ``anthropic`` Messages translated by the
+capture proxy, `harbor_gym.proxy`); ``stream`` whether the answer was streamed. Records written before these fields
+existed read back as ``ok``, ``openai``, not streamed.
 """
 
 from __future__ import annotations
@@ -20,7 +26,12 @@ import copy
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["ModelCall", "full_requests", "message_delta"]
+__all__ = ["ModelCall", "full_requests", "message_delta", "CALL_STATUSES", "CALL_APIS"]
+
+#: How a call ended: a whole answer, cut before its end, or failed (`ModelCall.status`).
+CALL_STATUSES = ("ok", "cancelled", "error")
+#: The protocol the caller spoke (`ModelCall.api`).
+CALL_APIS = ("openai", "anthropic")
 
 
 def _ints(value: Any) -> tuple[int, ...] | None:
@@ -49,6 +60,10 @@ class ModelCall:
         seed: the per-call sampling seed sent (``None``: none sent).
         model: the model name asked for.
         params: the other request parameters sent (``temperature``, ``max_tokens``, the token options...).
+        status: ``"ok"``, ``"cancelled"`` or ``"error"`` (see the module docstring).
+        stream: whether the answer was streamed.
+        api: ``"openai"`` or ``"anthropic"``: the protocol the caller spoke.
+        error: why a call is not ``ok`` (one line, never a secret), else ``None``.
     """
 
     request_messages: tuple[Mapping[str, Any], ...] = ()
@@ -64,6 +79,10 @@ class ModelCall:
     seed: int | None = None
     model: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    status: str = "ok"
+    stream: bool = False
+    api: str = "openai"
+    error: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "request_messages", tuple(dict(m) for m in self.request_messages))
@@ -75,6 +94,11 @@ class ModelCall:
         object.__setattr__(self, "logprobs", _floats(self.logprobs))
         if self.messages_offset < 0:
             raise ValueError("ModelCall.messages_offset must be >= 0 (GYM-13)")
+        if self.status not in CALL_STATUSES:
+            raise ValueError(f"ModelCall.status must be one of {CALL_STATUSES}, got {self.status!r} (GYM-13)")
+        if self.api not in CALL_APIS:
+            raise ValueError(f"ModelCall.api must be one of {CALL_APIS}, got {self.api!r} (GYM-13)")
+        object.__setattr__(self, "stream", bool(self.stream))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able data of every field (tuples as lists)."""
