@@ -57,11 +57,11 @@ def _route(backend: str, port: int) -> None:
             _routes[(backend, port)] = host_route.open_route(backend, port)
 
 
-def activation_env(names: Any, *, address: str, base_url: str, token: str) -> dict[str, str]:
+def activation_env(names: Any, *, openai_base_url: str, anthropic_base_url: str, token: str) -> dict[str, str]:
     """The variables an activation's commands get (issue 18 item 2), by the names of `EnvConfig.model_env`
-    (``None``: that variable is not set): the OpenAI base URL ``base_url`` (``http://ADDR/v1``), the Anthropic base
-    URL ``http://ADDR`` (Anthropic clients append ``/v1/messages``), and the session ``token`` as both API keys."""
-    values = {names.openai_base_url: base_url, names.anthropic_base_url: f"http://{address}",
+    (``None``: that variable is not set): the OpenAI base URL (``http://ADDR:PORT/v1``), the Anthropic base URL
+    (``http://ADDR:PORT``: Anthropic clients append ``/v1/messages``), and the session ``token`` as both keys."""
+    values = {names.openai_base_url: openai_base_url, names.anthropic_base_url: anthropic_base_url,
               names.openai_api_key: token, names.anthropic_api_key: token}
     return {name: value for name, value in values.items() if name}
 
@@ -102,7 +102,8 @@ class EpisodeProxy:
         if not address:
             _log.warning("the agent sandbox has no host_service_address: its activations get no model variables")
             return {}
-        return activation_env(self._names, address=address, base_url=self._session.base_url_for(address),
+        return activation_env(self._names, openai_base_url=self._session.base_url_for(address),
+                              anthropic_base_url=self._session.anthropic_base_url_for(address),
                               token=self._session.token)
 
     def begin(self, turn_index: int) -> None:
@@ -112,15 +113,17 @@ class EpisodeProxy:
 
     def end(self) -> tuple[tuple[Any, ...], int]:
         """Close the window: calls still in flight are cancelled (recorded ``cancelled``). Returns the window's
-        `ModelCall`s in order and how many calls the proxy refused in it. ``((), 0)`` when no window is open."""
+        `ModelCall`s in order and how many calls it refused past its cap (429; refusals outside windows are
+        counted by `refused_since_last`). ``((), 0)`` when no window is open."""
         if not self._open:
             return (), 0
         self._open = False
         got = self._session.end_activation()
-        return tuple(got.calls), int(getattr(got, "refused", 0) or 0)
+        return tuple(got.calls), int(got.refused_over_cap)
 
     def refused_since_last(self) -> int:
-        """Calls refused outside any window (403) since the last call of this method (a turn's span)."""
+        """Calls refused outside any window (403) since the last call of this method (a turn's span: the engine
+        asks once per turn record)."""
         now = int(self._session.refused_outside)
         delta, self._refused_seen = now - self._refused_seen, now
         return max(0, delta)

@@ -167,16 +167,25 @@ class HangingUpstream:
 @pytest.mark.docker
 def test_issue18_call_in_flight_at_budget_is_cancelled(tmp_path, no_leaks):
     # issue 18 item 4: a turn past its agent budget is cut with a model call in flight: the call is cancelled
-    # upstream and recorded `cancelled`, and the turn ends within its budget plus grace.
+    # upstream and recorded `cancelled`, and the turn ends within its budget plus grace. The harness runs in a
+    # session of its own, so the budget's kill of the command's process group leaves it connected: only the end
+    # of the activation window can cut its call.
     hanging = HangingUpstream()
+    detached = CommandAgent("setsid python3 /app/agent.py {instruction} > /tmp/harness.log 2>&1 & wait")
     try:
-        path = task(tmp_path, "hangs", {"s1": ("[stream] think forever", "true")}, agent_timeout=4)
-        with Episode(path, config=upstream_config(hanging.url), agent=AGENT) as episode:
+        path = task(tmp_path, "hangs", {"s1": ("[stream] think forever", "true"), "s2": ("unused", "true")},
+                    agent_timeout=4)  # two steps: the sandbox outlives turn 1
+        with Episode(path, config=upstream_config(hanging.url), agent=detached) as episode:
             episode.start()
-            record = episode.run_turn(AGENT).record
+            record = episode.run_turn(detached).record
+            sb = episode.sandbox
+            # the harness outlived the budget, still connected, and got the proxy's answer to the cut call
+            log = wait_for(lambda: sb.read_file("/tmp/harness.log", max_bytes=65536), "the harness's log", 30)
+            assert b"par" in log  # what arrived before the cut reached it
         assert record.agent_status == "timeout"
         [call] = record.model_calls
         assert call.status == "cancelled" and call.stream, call
+        assert "activation window ended" in call.error  # cut by the window's end, not by the harness leaving
         assert record.timings["agent"] < 4 + 30  # the budget, plus a generous grace for a loaded engine
         assert hanging.closed.wait(30), "the upstream call was not closed"
     finally:

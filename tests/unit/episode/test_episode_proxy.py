@@ -21,12 +21,15 @@ class FakeSession:
     def base_url_for(self, address):
         return f"http://{address}/v1"
 
+    def anthropic_base_url_for(self, address):
+        return f"http://{address}"
+
     def begin_activation(self, index):
         self.log.append(("begin", index))
 
     def end_activation(self):
         self.log.append(("end",))
-        return SimpleNamespace(calls=["c1", "c2"], refused=1)
+        return SimpleNamespace(calls=["c1", "c2"], refused_over_cap=1, refused_outside=99)
 
     def close(self):
         self.closed = True
@@ -34,11 +37,12 @@ class FakeSession:
 
 # issue 18 item 2: the default names, the OpenAI base with /v1, the Anthropic base without, the token as both keys
 def test_issue18_activation_env_default_and_configured_names():
-    env = activation_env(ModelEnvNames(), address="10.1.2.3:4000", base_url="http://10.1.2.3:4000/v1", token="t")
+    env = activation_env(ModelEnvNames(), openai_base_url="http://10.1.2.3:4000/v1",
+                         anthropic_base_url="http://10.1.2.3:4000", token="t")
     assert env == {"OPENAI_BASE_URL": "http://10.1.2.3:4000/v1", "ANTHROPIC_BASE_URL": "http://10.1.2.3:4000",
                    "OPENAI_API_KEY": "t", "ANTHROPIC_API_KEY": "t"}
     names = ModelEnvNames(openai_base_url="MY_URL", anthropic_base_url=None, anthropic_api_key=None)
-    assert activation_env(names, address="a:1", base_url="http://a:1/v1", token="t") == {
+    assert activation_env(names, openai_base_url="http://a:1/v1", anthropic_base_url="http://a:1", token="t") == {
         "MY_URL": "http://a:1/v1", "OPENAI_API_KEY": "t"}
     with pytest.raises(ValueError, match="differ"):
         ModelEnvNames(openai_api_key="X", anthropic_api_key="X")
