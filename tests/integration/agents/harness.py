@@ -6,6 +6,8 @@ coding CLIs do), runs the bash commands the model asks for, and ends at the firs
     python3 harness.py probe PORT        what the sandbox reaches: writes /tmp/probe.json
     python3 harness.py leftover          waits for /tmp/go, then makes one call; writes its HTTP status to
                                          /tmp/leftover.txt (a process left running between turns)
+    python3 harness.py anthropic         one Anthropic Messages call through $ANTHROPIC_BASE_URL, with
+                                         $ANTHROPIC_API_KEY as x-api-key; prints the reply's text
 """
 
 import json
@@ -112,10 +114,22 @@ def leftover():
         f.write(str(got))
 
 
+def anthropic():
+    body = {"model": "policy", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    request = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"].rstrip("/") + "/v1/messages",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "anthropic-version": "2023-06-01",
+                                              "x-api-key": os.environ.get("ANTHROPIC_API_KEY", "")})
+    with urllib.request.urlopen(request, timeout=600) as answer:
+        print("anthropic:", "".join(b.get("text", "") for b in json.load(answer)["content"]))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["probe"]:
         probe(sys.argv[2])
     elif sys.argv[1:2] == ["leftover"]:
         leftover()
+    elif sys.argv[1:2] == ["anthropic"]:
+        anthropic()
     else:
         sys.exit(agent(sys.argv[1]))

@@ -225,14 +225,20 @@ def test_issue18_concurrent_episodes_never_mix_records(tmp_path, server, no_leak
 
 @pytest.mark.bwrap
 def test_issue18_harness_on_local_backend(tmp_path, server):
-    # issue 18 item 2: the same harness on the local backend (bubblewrap): the route, the calls, the reward.
-    path = task(tmp_path, "local", {"s1": ("Write alpha.\n$ echo alpha > /app/w.txt\n",
-                                           '[ "$(cat /app/w.txt)" = alpha ]')})
+    # issue 18 item 2: the same harness on the local backend (bubblewrap): the route, the calls, the reward; and a
+    # call in Anthropic's protocol through ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY, recorded with the upstream's ids.
+    path = task(tmp_path, "local", {"s1": ("Write alpha.\n$ echo alpha > /app/w.txt\n$ python3 /app/agent.py "
+                                           "anthropic\n", '[ "$(cat /app/w.txt)" = alpha ]')})
     with Episode(path, config={**upstream_config(server.url), "backend": "local"}, agent=AGENT) as episode:
         episode.start()
         record = episode.run_turn(AGENT).record
     assert record.reward == 1, record.output_tail
-    assert_calls_are_the_upstreams(record.model_calls, server.requests)
+    assert [c.api for c in record.model_calls] == ["openai", "openai", "anthropic", "openai"]
+    openai = [i for i, c in enumerate(record.model_calls) if c.api == "openai"]
+    assert_calls_are_the_upstreams([record.model_calls[i] for i in openai], [server.requests[i] for i in openai])
+    claude = record.model_calls[2]
+    assert claude.status == "ok" and claude.prompt_token_ids == tuple(render(server.requests[2]["messages"]) + [3])
+    assert claude.logprobs and len(claude.logprobs) == len(claude.completion_token_ids)
 
 
 @pytest.mark.docker

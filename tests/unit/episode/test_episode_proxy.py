@@ -123,3 +123,54 @@ def test_issue18_upstream_key_unreadable_by_templates_and_compose(tmp_path, monk
     assert resolved_env(task.config.environment.env, where="environment.env", allowlist=allow) == {"K": "unset"}
     with pytest.raises(SeedRefusedError, match="POLICY_KEY"):  # FMT-15 without a default: LOAD-23, not the key
         resolved_env({"K": "${POLICY_KEY}"}, where="environment.env", allowlist=allow)
+
+
+# issue 18 item 2: where sandboxes have no route to a host service, an episode with an upstream is refused at seed,
+# naming why, before any sandbox starts and before any proxy session opens (real refusals: tests/hostile's
+# host-route tests and netguard's listen_addresses)
+def test_issue18_no_route_refused_at_seed_before_any_sandbox(tmp_path, monkeypatch):
+    from harbor_gym.episode import Episode
+    from harbor_gym.errors import SandboxUnavailableError, SeedRefusedError
+    from harbor_gym.sandbox import host_route
+
+    def no_route(backend):
+        raise SandboxUnavailableError("no route from docker sandboxes to a host service here: the engine is "
+                                      "rootless", field="host_service_port", rule="GYM-10")
+
+    def never(*args, **kwargs):
+        raise AssertionError("nothing may start after the refusal")
+
+    monkeypatch.setattr(host_route, "listen_addresses", no_route)
+    monkeypatch.setattr("harbor_gym.proxy.shared_proxy", never)
+    root = tmp_path / "t"
+    (root / "tests").mkdir(parents=True)
+    (root / "task.toml").write_text('schema_version = "1.4"\n[environment]\ndocker_image = "debian:bookworm-slim"\n'
+                                    'network_mode = "no-network"\n')
+    (root / "instruction.md").write_text("x\n")
+    (root / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    config = {"backend": "docker", "model_upstream": {"base_url": "http://127.0.0.1:9/v1"}}
+    episode = Episode(root, config=config, sandbox_factory=never)
+    with pytest.raises(SeedRefusedError, match="rootless") as caught:
+        episode.start()
+    assert caught.value.field == "EnvConfig.model_upstream"
+    episode.close()
+
+
+# GYM-13 / issue 18: the proxy's calls and the refused count are plain data: they pickle and survive the vector
+# envs' and Ray's to_dict round trip (harbor_gym.vector._subenv)
+def test_issue18_records_with_proxy_calls_cross_processes():
+    import pickle
+
+    from harbor_gym.agents import ModelCall
+    from harbor_gym.episode import TurnRecord
+    from harbor_gym.vector._subenv import info_from_plain, info_to_plain
+
+    call = ModelCall(request_messages=({"role": "user", "content": "x"},), prompt_token_ids=(1, 2), logprobs=(-0.5,),
+                     completion_token_ids=(7,), status="cancelled", stream=True, error="cancelled: window ended")
+    record = TurnRecord(task_id="t", step_name="s", index=0, instruction="x", reward=1, verifier_rewards={},
+                        reward_valid=True, masked=False, verifier_mode="shared", failure_kind=None,
+                        min_reward_missed=False, agent_status="completed", exit_code=0, output_tail="",
+                        model_calls=(call,), model_calls_refused=2)
+    assert pickle.loads(pickle.dumps(record)) == record
+    back = info_from_plain(info_to_plain({"turn": record}))["turn"]
+    assert back == record and back.model_calls_refused == 2 and back.model_calls[0].status == "cancelled"
