@@ -11,7 +11,13 @@ The policy reads the conversation, so it answers the same in any process that ca
 - ``policy-nologprobs``: the ``policy`` answers, but a request carrying ``logprobs`` or ``return_token_ids`` gets a
   400 naming the option (as closed APIs do);
 - ``policy-loop``: never stops (always one more ``bash`` call, ``echo again``);
-- ``policy-slow``: like ``policy-loop`` but each answer takes 1 s.
+- ``policy-slow``: like ``policy-loop`` but each answer takes 1 s;
+- ``policy-hang``: never answers (streamed: sends its first chunk, then nothing) until the client goes away, which
+  it notes in ``server.disconnects`` (the capture proxy's cancellation tests);
+- ``policy-500``: answers HTTP 500; ``policy-redirect``: answers 307 to another host;
+- ``policy-echo-auth``: answers 400 quoting the request's ``Authorization`` header (a server that leaks the key).
+
+``GET /v1/models`` lists the models.
 
 A request with ``stream: true`` gets the same answer as vLLM streams it (server-sent ``chat.completion.chunk``s).
 
@@ -58,8 +64,10 @@ class PolicyServer:
         self.requests: list[dict[str, Any]] = []
         self.auth: list[str | None] = []  # the Authorization header of each request
         self.handler_s: list[float] = []  # seconds each request spent in the policy (benchmarks)
+        self.disconnects: list[str] = []  # "plain" / "stream": a policy-hang request whose client went away
         self.app = FastAPI()
         self.app.post("/v1/chat/completions")(self._chat)
+        self.app.get("/v1/models")(self._models)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -104,6 +112,15 @@ class PolicyServer:
             import asyncio
 
             await asyncio.sleep(1.0)
+        if model == "policy-500":
+            return JSONResponse(status_code=500, content={"error": {"message": "the policy crashed"}})
+        if model == "policy-redirect":
+            return JSONResponse(status_code=307, content={}, headers={"location": "http://192.0.2.1/v1/chat"})
+        if model == "policy-echo-auth":
+            return JSONResponse(status_code=400, content={"error": {
+                "message": f"bad request; you sent authorization={request.headers.get('authorization')}"}})
+        if model == "policy-hang":
+            return await self._hang(request, stream=bool(body.get("stream")))
         messages = body["messages"]
         text_mode = model == "policy-text"
         assistant = self._next(messages, text_mode=text_mode, loop=model in ("policy-loop", "policy-slow"))
@@ -113,6 +130,37 @@ class PolicyServer:
                                                                    .get("include_usage"))),
                                      media_type="text/event-stream")
         return JSONResponse(full)
+
+    async def _models(self) -> JSONResponse:
+        names = ["policy", "policy-text", "policy-loop", "policy-slow", "policy-hang"]
+        return JSONResponse({"object": "list", "data": [{"id": n, "object": "model", "owned_by": "tests"}
+                                                         for n in names]})
+
+    async def _hang(self, request: Request, *, stream: bool):
+        import asyncio
+
+        if not stream:
+            for _ in range(1200):  # 60 s at most
+                if await request.is_disconnected():
+                    self.disconnects.append("plain")
+                    break
+                await asyncio.sleep(0.05)
+            return JSONResponse(status_code=504, content={"error": {"message": "hung up"}})
+
+        async def events():
+            head = {"id": "chatcmpl-hang", "object": "chat.completion.chunk", "created": 0, "model": "policy-hang",
+                    "prompt_token_ids": [2, 3], "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                                  "content": "partial"},
+                                                             "token_ids": [7], "logprobs": {"content": [
+                                                                 {"token": "token_id:7", "logprob": -0.5}]}}]}
+            yield "data: " + json.dumps(head) + "\n\n"
+            try:
+                await asyncio.sleep(60)
+            except BaseException:
+                self.disconnects.append("stream")
+                raise
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     def _next(self, messages: list[dict[str, Any]], *, text_mode: bool, loop: bool) -> dict[str, Any]:
         last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")

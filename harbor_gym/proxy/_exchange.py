@@ -169,12 +169,7 @@ class Exchange:
                                   "bytes was reached (GYM-10)")
 
     def _upstream_body(self, raw: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-        try:
-            original = json.loads(raw)
-        except ValueError as exc:
-            raise CallFailed(400, "the request body is not JSON") from exc
-        if not isinstance(original, dict):
-            raise CallFailed(400, "the request body must be a JSON object")
+        original = _json_object(raw, 400, "the request body")
         try:
             body = anth.to_openai_request(original) if self.api == "anthropic" else original
             self.stream = bool(body.get("stream"))
@@ -299,12 +294,7 @@ class Exchange:
             if data == "[DONE]":
                 done = True
                 continue
-            try:
-                chunk = json.loads(data)
-            except ValueError as exc:
-                raise CallFailed(502, "the upstream streamed an event that is not JSON") from exc
-            if not isinstance(chunk, dict):
-                raise CallFailed(502, "the upstream streamed an event that is not a JSON object")
+            chunk = _json_object(data, 502, "an event the upstream streamed")
             if "error" in chunk and not chunk.get("choices"):
                 raise CallFailed(502, f"the upstream's stream failed: {self.ctx.scrub(json.dumps(chunk['error']))}")
             self.chunks.append(chunk)
@@ -326,6 +316,17 @@ class Exchange:
             await self.conn.send_chunk(event)
         await self.conn.end_stream()
         return record
+
+
+def _json_object(data: bytes | str, status: int, what: str) -> dict[str, Any]:
+    """``data`` parsed as a JSON object, else `CallFailed` with ``status`` naming ``what``."""
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise CallFailed(status, f"{what} is not JSON") from exc
+    if not isinstance(value, dict):
+        raise CallFailed(status, f"{what} is not a JSON object")
+    return value
 
 
 async def _sse_data(pieces: AsyncIterator[bytes]) -> AsyncIterator[str]:

@@ -14,11 +14,19 @@ import h11
 __all__ = ["HttpConnection", "ClientGone", "RequestRefused", "json_bytes"]
 
 _READ_SIZE = 65536
+#: A refused request's unread body is drained for at most this long / this many bytes before the close.
+_LINGER_S = 0.5
+_LINGER_BYTES = 1024 * 1024
+_HEADERS_OVER_CAP = "the request headers are over the proxy's cap (GYM-10)"
 
 
 class ClientGone(Exception):
     """The client closed the connection, stalled past a timeout, or broke the protocol: nothing more can be said
     to it."""
+
+
+class _Stalled(ClientGone):
+    """No byte arrived within the time allowed."""
 
 
 class RequestRefused(Exception):
@@ -52,7 +60,7 @@ class HttpConnection:
             async with asyncio.timeout(max(timeout, 0.001)):
                 data = await self._reader.read(_READ_SIZE)
         except TimeoutError as exc:
-            raise ClientGone("read timed out") from exc
+            raise _Stalled("read timed out") from exc
         except (ConnectionError, OSError) as exc:
             raise ClientGone(str(exc)) from exc
         self._h11.receive_data(data)
@@ -78,6 +86,10 @@ class HttpConnection:
         while True:
             event = self._next_event()
             if isinstance(event, h11.Request):
+                # h11 caps only a head still incomplete; one that arrived whole in a read is measured here
+                size = len(event.method) + len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
+                if size > self._limits.max_header_bytes:
+                    raise RequestRefused(431, _HEADERS_OVER_CAP)
                 return event
             if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
                 return None
@@ -94,11 +106,9 @@ class HttpConnection:
                 continue
             try:
                 await self._receive(deadline - time.monotonic())
-            except ClientGone as exc:
-                if time.monotonic() >= deadline:
-                    raise RequestRefused(408, f"the request headers did not arrive within "
-                                              f"{self._limits.header_timeout_s:g} s (GYM-10)") from exc
-                raise
+            except _Stalled as exc:  # the wait was bounded by the head's deadline
+                raise RequestRefused(408, f"the request headers did not arrive within "
+                                          f"{self._limits.header_timeout_s:g} s (GYM-10)") from exc
 
     async def read_body(self, request: h11.Request, cap: int) -> bytes:
         """The request's whole body, at most ``cap`` bytes, within ``request_timeout_s`` of the request's start.
@@ -133,11 +143,12 @@ class HttpConnection:
                                               f"{self._limits.request_timeout_s:g} s (GYM-10)")
                 try:
                     await self._receive(min(left, self._limits.idle_timeout_s))
-                except ClientGone as exc:
+                except _Stalled as exc:
                     if time.monotonic() >= deadline:
                         raise RequestRefused(408, f"the request did not arrive within "
                                                   f"{self._limits.request_timeout_s:g} s (GYM-10)") from exc
-                    raise
+                    raise RequestRefused(408, f"the request stalled for over {self._limits.idle_timeout_s:g} s "
+                                              "(GYM-10)") from exc
             else:
                 raise ClientGone("the connection closed during the request body")
 
@@ -201,7 +212,20 @@ class HttpConnection:
         await self._send(h11.EndOfMessage())
 
     async def close(self) -> None:
-        """Close the connection (idempotent; never raises)."""
+        """Close the connection (idempotent; never raises). A request whose body was not read (refused before it)
+        is drained a little first, bounded in bytes and time, so that the refusal is not lost to a TCP reset."""
+        try:
+            if self._h11.their_state is h11.SEND_BODY and self._h11.our_state is not h11.CLOSED:
+                self._writer.write_eof()
+                async with asyncio.timeout(_LINGER_S):
+                    drained = 0
+                    while drained < _LINGER_BYTES:
+                        piece = await self._reader.read(_READ_SIZE)
+                        if not piece:
+                            break
+                        drained += len(piece)
+        except (Exception, TimeoutError):  # a peer that keeps sending or went away: close now
+            pass
         try:
             self._writer.close()
             async with asyncio.timeout(1.0):
@@ -222,5 +246,5 @@ def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
 
 def _protocol_reason(exc: h11.RemoteProtocolError) -> str:
     if exc.error_status_hint == 431:
-        return "the request headers are over the proxy's cap (GYM-10)"
+        return _HEADERS_OVER_CAP
     return "malformed HTTP request"

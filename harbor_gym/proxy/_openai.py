@@ -95,6 +95,15 @@ def without_options(body: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in names}
 
 
+def _copy_levels(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``data`` whose top level, ``choices`` list and choice objects (the levels stripping changes) are
+    new; deeper values are shared, and never changed."""
+    out = dict(data)
+    if isinstance(out.get("choices"), list):
+        out["choices"] = [dict(c) if isinstance(c, Mapping) else c for c in out["choices"]]
+    return out
+
+
 def _strip_choice(choice: Any, asked: Asked) -> None:
     if not isinstance(choice, dict):
         return
@@ -107,7 +116,7 @@ def _strip_choice(choice: Any, asked: Asked) -> None:
 
 def strip_response(data: Mapping[str, Any], asked: Asked) -> dict[str, Any]:
     """A copy of a ``chat.completion`` without the fields the harness did not ask for."""
-    out = copy.deepcopy(dict(data))
+    out = _copy_levels(data)
     if not asked.token_ids:
         out.pop("prompt_token_ids", None)
     for choice in out.get("choices") or ():
@@ -118,7 +127,7 @@ def strip_response(data: Mapping[str, Any], asked: Asked) -> dict[str, Any]:
 def strip_chunk(chunk: Mapping[str, Any], asked: Asked) -> dict[str, Any] | None:
     """A copy of a ``chat.completion.chunk`` without the fields the harness did not ask for; ``None`` when nothing
     the harness asked for is left (the usage-only chunk it did not ask for)."""
-    out = copy.deepcopy(dict(chunk))
+    out = _copy_levels(chunk)
     if not asked.token_ids:
         out.pop("prompt_token_ids", None)
     if not asked.usage:
