@@ -28,6 +28,7 @@ command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 command -v mkfs.btrfs >/dev/null 2>&1 || need+=(btrfs-progs)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || need+=(nftables)  # the spoofing guard (harbor_gym/sandbox/_spoofguard.py)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)  # the local backend's size-bounded writable layer
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then

@@ -151,14 +151,8 @@ def public_network(client: "docker.DockerClient") -> PublicNetwork:
         SandboxError: a network of that name exists without inter-container traffic off (not harbor_gym's).
         SandboxUnavailableError: the engine does not answer (retryable).
     """
-    key = (_engine_key(client), PUBLIC_NETWORK)
-    with _lock:
-        known = _known.get(key)
-        if known is not None:
-            return known
-        net = _ensure(client)
-        _known[key] = net
-    if not net.filtered:
+    net, made = _cached(client, PUBLIC_NETWORK, _OPTIONS, internal=False)
+    if made and not net.filtered:
         log.warning("public-network sandboxes are not filtered from the host (%s): they reach %s",
                     net.unfiltered_reason, REACHABLE_WITHOUT_FILTER)
     return net
@@ -175,14 +169,20 @@ def proxy_network(client: "docker.DockerClient") -> PublicNetwork:
         SandboxError: a network of that name exists that is not internal with inter-container traffic off.
         SandboxUnavailableError: the engine does not answer (retryable).
     """
-    key = (_engine_key(client), PROXY_NETWORK)
+    return _cached(client, PROXY_NETWORK, _PROXY_OPTIONS, internal=True)[0]
+
+
+def _cached(client: "docker.DockerClient", name: str, options: dict[str, str], *,
+            internal: bool) -> tuple[PublicNetwork, bool]:
+    """The known network ``name`` of ``client``'s engine, else `_ensure`d now; and whether it was made now."""
+    key = (_engine_key(client), name)
     with _lock:
         known = _known.get(key)
         if known is not None:
-            return known
-        net = _ensure(client, PROXY_NETWORK, _PROXY_OPTIONS, internal=True)
+            return known, False
+        net = _ensure(client, name, options, internal=internal)
         _known[key] = net
-    return net
+    return net, True
 
 
 def _engine_key(client: "docker.DockerClient") -> str:

@@ -219,13 +219,15 @@ def _list_table() -> dict[str, list]:
 def _prune() -> None:
     """Delete elements of ports that no longer exist, and permanent neighbour entries on harbor_gym's bridges that
     no bound live port names (left by runs that were SIGKILLed)."""
+    # neighbour entries first: `bind` adds its elements before its entry, so every entry read here whose binding
+    # is live (another process's, made meanwhile) has its elements in the listing that follows
+    out = _run([_tool("ip") or "ip", "-j", "-4", "neigh", "show", "nud", "permanent"], check=False).stdout
     sets = _list_table()
     gone = lambda port: not os.path.exists(f"/sys/class/net/{port}")  # noqa: E731
     script = _delete_script(sets, gone)
     if script:
         _run([_tool("nft") or "nft", "-f", "-"], stdin=script, check=False)
     live = {(e[1], e[2]) for e in sets.get("ip4_ok", []) if isinstance(e, list) and not gone(e[0])}
-    out = _run([_tool("ip") or "ip", "-j", "-4", "neigh", "show", "nud", "permanent"], check=False).stdout
     for entry in json.loads(out or "[]"):
         dev, dst, mac = entry.get("dev", ""), entry.get("dst", ""), (entry.get("lladdr") or "").lower()
         if _OUR_BRIDGE.match(dev) and (mac, dst) not in live:
