@@ -72,7 +72,7 @@ def prepare_request(body: Any, *, model: str | None, extra_body: Mapping[str, An
     asked = Asked(logprobs=bool(body.get("logprobs")), token_ids=bool(body.get("return_token_ids")),
                   as_token_ids=bool(body.get("return_tokens_as_token_ids")),
                   usage=bool(options.get("include_usage")))
-    out = copy.deepcopy(body)
+    out = dict(body)  # top-level keys only change; the nested values are the harness's, never changed
     out.update(copy.deepcopy(dict(extra_body)))
     if model is not None:
         out["model"] = model
@@ -150,7 +150,8 @@ def build_record(sent: Mapping[str, Any] | None, parsed: ParsedResponse | None, 
     sent = sent or {}
     messages = [dict(m) for m in sent.get("messages") or () if isinstance(m, Mapping)]
     seed = sent.get("seed")
-    params = {k: copy.deepcopy(v) for k, v in sent.items() if k not in ("messages", "model", "seed")}
+    # ``sent`` is built from freshly parsed JSON that nothing else holds: its values are shared, not copied
+    params = {k: v for k, v in sent.items() if k not in ("messages", "model", "seed")}
     model = sent.get("model")
     fields: dict[str, Any] = {}
     if parsed is not None:

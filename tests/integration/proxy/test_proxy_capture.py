@@ -175,3 +175,25 @@ def test_model_list_forwarded_not_recorded(session, proxy, upstream):
     client = openai_client(proxy, session.token)
     assert "policy" in [m.id for m in client.models.list()]
     assert session.end_activation().calls == ()
+
+
+def test_one_port_on_every_address_and_one_shared_proxy_per_upstream(upstream):
+    # issue 18 item 2: the proxy binds every address sandboxes reach it on, on one port; the process shares one
+    # proxy per upstream and addresses.
+    from harbor_gym.proxy import ModelUpstream, shared_proxy
+
+    up = ModelUpstream(base_url=upstream.url, api_key_env=None)
+    proxy = shared_proxy(up, addresses=("127.0.0.1", "127.0.0.2"))
+    assert shared_proxy(up, addresses=("127.0.0.2", "127.0.0.1")) is proxy
+    other = shared_proxy(up, addresses=("127.0.0.1",))
+    assert other is not proxy
+    session = proxy.open_session()
+    session.begin_activation(0)
+    for host in ("127.0.0.1", "127.0.0.2"):
+        import openai
+
+        client = openai.OpenAI(base_url=session.base_url_for(host), api_key=session.token, max_retries=0)
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi\n$ echo x"}])
+    assert len(session.end_activation().calls) == 2
+    session.close()
+    assert upstream.auth == [None, None]  # api_key_env=None: no key is sent
