@@ -292,9 +292,19 @@ def _agent_args(args: argparse.Namespace) -> dict:
     if args.agent.strip() == "chat":
         kwargs.update({k: v for k, v in (("model", args.model), ("base_url", args.base_url)) if v})
         kwargs["api_key_env"] = args.api_key_env
-    elif args.model or args.base_url:
-        raise UsageError("--model and --base-url are options of --agent chat")
+    elif (args.model or args.base_url) and not args.agent.strip().startswith("cmd:"):
+        raise UsageError("--model and --base-url are options of --agent chat and cmd:")
     return kwargs
+
+
+def _model_upstream(args: argparse.Namespace) -> dict | None:
+    """Issue 18: for ``--agent cmd:``, ``--base-url`` (with ``--model``, ``--api-key-env``) is the model upstream
+    behind each episode's capture proxy (`EnvConfig.model_upstream`); ``None`` without it or for other agents."""
+    if not args.agent.strip().startswith("cmd:") or not args.base_url:
+        if args.agent.strip().startswith("cmd:") and args.model:
+            raise UsageError("--model needs --base-url for --agent cmd:")
+        return None
+    return {"base_url": args.base_url, "model": args.model, "api_key_env": args.api_key_env}
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -306,8 +316,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     agent_args = _agent_args(args)
     agent = resolve_agent(args.agent, agent_args)
-    config = EnvConfig(backend=_engine_backend(args.backend, "run"), labels=_parse_labels(args.label),
-                       semantics=args.semantics, retry_agent_outages=args.retry_agent_outages)
+    config = EnvConfig.coerce({"backend": _engine_backend(args.backend, "run"), "labels": _parse_labels(args.label),
+                               "semantics": args.semantics, "retry_agent_outages": args.retry_agent_outages,
+                               "model_upstream": _model_upstream(args)})  # a bad --base-url: ConfigError, exit 2
     try:
         targets = load_targets(args.path, config)
     except (TaskLoadError, DatasetError) as exc:  # the one task, the dataset's settings, its registry: nothing runs
@@ -368,13 +379,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", default="oracle", metavar="SPEC",
                      help="oracle (default) | script:FILE (FILE's text every turn; a folder: <step_name>.sh, else "
                           "default.sh, else ':') | module:Class (imported, made with the --agent-arg arguments, has "
-                          "run(turn)) | chat (ChatAgent: a model behind an OpenAI-compatible endpoint, with --model "
-                          "and --base-url)")
-    run.add_argument("--model", metavar="NAME", help="chat: the model name the server serves")
-    run.add_argument("--base-url", metavar="URL", help="chat: the endpoint, e.g. http://127.0.0.1:8000/v1")
+                          "run(turn)) | cmd:\"COMMAND\" (CommandAgent: an installed harness, COMMAND run in the "
+                          "sandbox every turn, {instruction} replaced by the shell-quoted instruction; with "
+                          "--base-url its model calls go through a capture proxy into the records) | chat "
+                          "(ChatAgent: a model behind an OpenAI-compatible endpoint, with --model and --base-url)")
+    run.add_argument("--model", metavar="NAME", help="chat: the model name the server serves; cmd: forced on "
+                                                     "every call of the harness")
+    run.add_argument("--base-url", metavar="URL", help="chat: the endpoint, e.g. http://127.0.0.1:8000/v1; cmd: the "
+                                                       "upstream behind the capture proxy (the harness gets the "
+                                                       "proxy's URL in OPENAI_BASE_URL/ANTHROPIC_BASE_URL)")
     run.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR",
-                     help="chat: the environment variable holding the API key (default OPENAI_API_KEY; unset: no "
-                          "key, as local servers need); the key is never taken from the command line")
+                     help="chat, cmd: the environment variable holding the API key (default OPENAI_API_KEY; unset: "
+                          "no key, as local servers need); the key is never taken from the command line and never "
+                          "reaches a sandbox")
     run.add_argument("--agent-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="a constructor argument of the agent (module:Class, chat), repeatable; VALUE is read as "
                           "JSON when it parses (3, 0.5, true, {...}), else as a string; e.g. max_steps=20")

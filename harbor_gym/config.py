@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harbor_gym.errors import ConfigError
 
@@ -30,6 +30,7 @@ __all__ = [
     "PullPolicy",
     "BackendName",
     "AgentOutcomePolicy",
+    "ModelEnvNames",
     "HostSettings",
     "host_settings",
     "settings_path",
@@ -79,6 +80,35 @@ class AgentOutcomePolicy(str, Enum):
     GRADE = "grade"
     RETRY = "retry"
     FAIL = "fail"
+
+
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class ModelEnvNames(BaseModel):
+    """Issue 18: the names of the variables an activation's commands get when `EnvConfig.model_upstream` is set
+    (``None``: that variable is not set). The base URLs point at the episode's capture proxy as the sandbox
+    reaches it; both keys hold the episode's session token, never the upstream's key."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    openai_base_url: str | None = Field("OPENAI_BASE_URL", pattern=_ENV_NAME,
+                                        description="The proxy's OpenAI base URL, http://ADDR:PORT/v1.")
+    anthropic_base_url: str | None = Field("ANTHROPIC_BASE_URL", pattern=_ENV_NAME,
+                                           description="The proxy's Anthropic base URL, http://ADDR:PORT (clients "
+                                           "append /v1/messages).")
+    openai_api_key: str | None = Field("OPENAI_API_KEY", pattern=_ENV_NAME,
+                                       description="The session token, sent as `Authorization: Bearer`.")
+    anthropic_api_key: str | None = Field("ANTHROPIC_API_KEY", pattern=_ENV_NAME,
+                                          description="The session token, sent as `x-api-key`.")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "ModelEnvNames":
+        names = [n for n in (self.openai_base_url, self.anthropic_base_url, self.openai_api_key,
+                             self.anthropic_api_key) if n]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model_env: the variable names must differ, got {names}")
+        return self
 
 
 def settings_path() -> Path:
@@ -243,6 +273,17 @@ class EnvConfig(BaseModel):
         "unset: the default is used, the host is never read; a template without a default is refused at seed "
         "(LOAD-23), naming the variable. (): no host variable is readable.",
     )
+    model_upstream: "ModelUpstream | None" = Field(
+        None, description="Issue 18: the OpenAI-compatible policy server behind each episode's capture proxy "
+        "(harbor_gym.proxy.ModelUpstream: base URL, the NAME of the host variable holding its key, request "
+        "rewrites). Set: every episode opens a proxy session, its agent sandbox gets a route to the proxy (and "
+        "nothing else of the host), each activation's commands get the variables of `model_env`, and the calls "
+        "they make land in info['turn'].model_calls; refused at seed where sandboxes have no route. None: no proxy.",
+    )
+    model_env: ModelEnvNames = Field(
+        default_factory=ModelEnvNames, description="Issue 18: names of the variables an activation gets with "
+        "`model_upstream` (OPENAI_BASE_URL, ANTHROPIC_BASE_URL, OPENAI_API_KEY, ANTHROPIC_API_KEY by default).",
+    )
     registry: str | None = Field(
         None, description="Datasets by name (NAME@VERSION): a registry file in Harbor's registry.json format, a "
         "local path or an http(s) URL. None: the host settings file's `registry`, else none (names do not resolve).",
@@ -269,6 +310,17 @@ class EnvConfig(BaseModel):
         except jinja2.TemplateSyntaxError as exc:
             raise ValueError(f"prompt_template is not a valid Jinja2 template: {exc}") from exc
         return value
+
+    @model_validator(mode="after")
+    def _upstream_key_unreadable(self) -> "EnvConfig":
+        """Issue 18: the upstream's key never reaches a sandbox, so no task may read its host variable (FMT-15
+        templates and compose interpolation read exactly `host_env_allowlist`)."""
+        key_env = getattr(self.model_upstream, "api_key_env", None)
+        if key_env and key_env in self.host_env_allowlist:
+            raise ValueError(f"host_env_allowlist names {key_env!r}, the variable holding model_upstream's key "
+                             "(model_upstream.api_key_env): a task could read the key through an env template or "
+                             "its compose file; take it out of host_env_allowlist")
+        return self
 
     @classmethod
     def coerce(cls, value: "EnvConfig | dict[str, Any] | None") -> "EnvConfig":
@@ -312,3 +364,10 @@ class EnvConfig(BaseModel):
 
 def _jsonable(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
+
+
+# Issue 18: ModelUpstream lives in harbor_gym.proxy, which imports harbor_gym.agents, which imports this module;
+# imported last, once every name above exists, then the forward reference of `model_upstream` is resolved.
+from harbor_gym.proxy import ModelUpstream  # noqa: E402
+
+EnvConfig.model_rebuild()

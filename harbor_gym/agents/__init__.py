@@ -1,10 +1,11 @@
 """harbor_gym.agents: what an action can be — a bash script (``str``), the `Oracle`, or any object with
 ``run(turn) -> AgentOutcome`` (SPEC GYM-4, GYM-5, ORACLE-1/2), the ATIF trajectory document (VER-10), the model-call
-records of the data plane with their token segments, and `ChatAgent`, an agent over an OpenAI-compatible endpoint
-(GYM-13)."""
+records of the data plane with their token segments, `ChatAgent`, an agent over an OpenAI-compatible endpoint
+(GYM-13), and `CommandAgent`, an installed harness run as one command line in the sandbox (issue 18)."""
 
 from harbor_gym.agents._atif import ATIF_VERSION, TrajectoryError, build_trajectory, validate_trajectory
 from harbor_gym.agents._chat import ChatAgent
+from harbor_gym.agents._command import CommandAgent
 from harbor_gym.agents._model_calls import ModelCall, full_requests
 from harbor_gym.agents._oracle import Oracle
 from harbor_gym.agents._outcome import AgentOutcome, AgentOutcomePolicy, AgentStatus
@@ -28,6 +29,7 @@ __all__ = [
     "AgentOutcomePolicy",
     "AgentStatus",
     "ChatAgent",
+    "CommandAgent",
     "ModelCall",
     "TokenSegment",
     "full_requests",

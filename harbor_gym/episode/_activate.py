@@ -10,10 +10,11 @@ import time
 import traceback
 from typing import Any
 
-from harbor_gym.agents import AgentOutcome, AgentStatus, Oracle, ScriptAgent, Turn, agent_timeout_cap
+from harbor_gym.agents import AgentOutcome, AgentStatus, CommandAgent, Oracle, ScriptAgent, Turn, agent_timeout_cap
 from harbor_gym.agents._oracle import ORACLE_LOG, ORACLE_RUN
 from harbor_gym.episode._budgets import agent_budget
 from harbor_gym.episode._outage import WatchedExec
+from harbor_gym.episode._proxy import ProxyEnvExec
 from harbor_gym.episode._shell import q
 from harbor_gym.episode._turnstate import WORKDIR_FAILED, _Turn, workdir_cause
 from harbor_gym.errors import SandboxError
@@ -48,21 +49,30 @@ class _ActivatePhase:
         budget = agent_budget(step.agent_timeout_sec, None, self._multiplier, agent_timeout_cap(t.agent))
         bounded = self._clock.bound(budget)
         watched = WatchedExec(sb.exec)  # GYM-12: did a command of the activation lose the harness's wrapper?
+        exec_fn: Any = watched
+        if self._proxy is not None:  # issue 18: the proxy's variables reach this activation's commands only
+            exec_fn = ProxyEnvExec(watched, self._proxy.env_for(getattr(sb, "host_service_address", None)))
         self._activated = True  # GYM-12: from here on, a sandbox the agent breaks is an agent-caused outage
         turn = Turn(step_name=step.name, index=t.index, num_steps=len(self.task.steps), instruction=t.instruction,
-                    user=self._user_in_place, budget_sec=budget, workdir=sb.workdir, _exec_fn=watched,
+                    user=self._user_in_place, budget_sec=budget, workdir=sb.workdir, _exec_fn=exec_fn,
                     _deadline=None if bounded is None else time.monotonic() + bounded,
                     solution_env=self._solution_env if isinstance(t.agent, Oracle) else {},
                     session=self._sessions.session_for_activation(t.agent),
                     seed=self.seed, rollout=self.rollout, prior_trajectory=self._prior_trajectory(t))
-        if t.prelude is not None:
-            outcome = self._run_folded_oracle(t, turn)
-            if outcome is None:
-                return None
-        elif isinstance(t.agent, (ScriptAgent, Oracle)):
-            outcome = self._call_agent(t.agent, turn)
-        else:
-            outcome = self._call_in_thread(t.agent, turn, bounded)
+        if self._proxy is not None:  # issue 18: the window spans exactly the agent's activation
+            self._proxy.begin(t.index)
+        try:
+            if t.prelude is not None:
+                outcome = self._run_folded_oracle(t, turn)
+            elif isinstance(t.agent, (ScriptAgent, CommandAgent, Oracle)):  # one bounded exec: no thread needed
+                outcome = self._call_agent(t.agent, turn)
+            else:
+                outcome = self._call_in_thread(t.agent, turn, bounded)
+        finally:
+            if self._proxy is not None:  # cancels a call still in flight (a turn cut at its budget): `cancelled`
+                t.proxy_calls, t.proxy_refused = self._proxy.end()
+        if outcome is None:  # the housekeeping folded into the oracle's exec failed (TURN-8)
+            return None
         t.harness_killed = watched.wrapper_lost
         if turn.model_calls:  # GYM-13: calls recorded on the turn come first, then the outcome's own
             outcome = dataclasses.replace(outcome, model_calls=turn.model_calls + outcome.model_calls)

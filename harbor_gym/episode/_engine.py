@@ -9,6 +9,7 @@ The engine knows no Gymnasium.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -28,6 +29,7 @@ from harbor_gym.episode._logs import EpisodeLogs
 from harbor_gym.episode._modes import effective_verifier_mode, render_instruction
 from harbor_gym.episode._outage import HARNESS_KILLED, STORAGE_EXCEEDED_KIND, agent_outage_cause
 from harbor_gym.episode._prepare import _PreparePhase
+from harbor_gym.episode._proxy import EpisodeProxy, open_episode_proxy
 from harbor_gym.episode._records import EpisodeResult, TurnRecord, TurnResult, outcome_fields
 from harbor_gym.episode._rewards import REWARD_FILE_NOT_FOUND_KIND, turn_reward
 from harbor_gym.episode._rollup import ScoreKind, TurnScore, episode_verifier_mode, roll_up
@@ -140,6 +142,8 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         self._frozen_pending = False
         #: GYM-12: an activation has started in this episode (outages from then on may be the agent's).
         self._activated = False
+        #: Issue 18: the episode's capture-proxy session (`EnvConfig.model_upstream`), else None.
+        self._proxy: EpisodeProxy | None = None
 
     # --- public state ------------------------------------------------------------------------------------
     @property
@@ -227,9 +231,18 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         self._clock = DeadlineClock(self._deadline(), wall=self.config.deadline_clock.value == "wall")
         self._logs = EpisodeLogs(self.config.logs_root, self.task.id)
         try:
+            if self.config.model_upstream is not None:  # issue 18: refused here, before any sandbox starts
+                self._proxy = open_episode_proxy(self.config.model_upstream, backend=self._backend_name(),
+                                                 names=self.config.model_env, label=self.task.id,
+                                                 where=self.task.path / "task.toml")
+                # the agent sandbox (compose: service main) reaches the proxy; a separate verifier never does
+                spec = self._agent_spec = dataclasses.replace(spec, host_service_port=self._proxy.port)
             self._seed_with_retries(spec)
         except BaseException:
-            self._stop_sandboxes()
+            try:
+                self._stop_sandboxes()
+            finally:
+                self._close_proxy()
             self._logs.close()
             self._state = EpisodeState.CLOSED
             raise
@@ -275,11 +288,19 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             try:
                 self._sessions.close()
             finally:
-                self._stop_sandboxes()
+                try:
+                    self._stop_sandboxes()
+                finally:
+                    self._close_proxy()
         finally:
             if self._logs is not None:
                 self._logs.close()
             self._state = EpisodeState.CLOSED
+
+    def _close_proxy(self) -> None:
+        """Issue 18: end the episode's proxy session (its token is dead from here on). Idempotent."""
+        if self._proxy is not None:
+            self._proxy.close()
 
     # --- helpers -----------------------------------------------------------------------------------------
     def _exec(self, sb: Sandbox, command: Any, *, timeout: float | None, user: str | None,
@@ -420,6 +441,9 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         message = None
         if failure_kind is not None or t.masked:
             message = f"{self.task.id}: step {t.step.name}: {t.cause or failure_kind or t.mask_reason}"
+        calls = outcome_fields(t.outcome)
+        calls["model_calls"] = calls["model_calls"] + tuple(t.proxy_calls)  # issue 18: after the agent's own
+        refused = t.proxy_refused + (self._proxy.refused_since_last() if self._proxy is not None else 0)
         record = TurnRecord(
             task_id=self.task.id, step_name=t.step.name, index=t.index, instruction=t.instruction,
             reward=reward, verifier_rewards=rewards, reward_valid=bool(has_result),
@@ -428,8 +452,8 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             exit_code=t.outcome.exit_code if t.outcome else None,
             output_tail=t.outcome.output_tail if t.outcome else None, manifest=t.manifest,
             log_dir=self._logs.public(t.dirs.turn), timings=dict(t.timings), mask_reason=t.mask_reason,
-            failure_message=message, **outcome_fields(t.outcome), freeze_exempt=tuple(t.freeze_exempt),
-            agent_caused=t.agent_caused, outage_cause=t.outage_cause)
+            failure_message=message, **calls, freeze_exempt=tuple(t.freeze_exempt),
+            agent_caused=t.agent_caused, outage_cause=t.outage_cause, model_calls_refused=refused)
         self._records.append(record)
         for k, v in t.timings.items():
             self._timings[k] = self._timings.get(k, 0.0) + v
@@ -445,7 +469,10 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
             episode = self._result
             self._state = EpisodeState.OVER
             self._sessions.close()  # SES-3: an early stop also ends the continued session, before its sandbox
-            self._stop_sandboxes()  # STOP-10
+            try:
+                self._stop_sandboxes()  # STOP-10
+            finally:
+                self._close_proxy()
             if self._logs is not None and self._logs.kept:
                 (self._logs.root / "result.json").write_text(json.dumps(episode.to_dict(), indent=2))
         return TurnResult(record=record, terminated=verdict.terminated, truncated=verdict.truncated,

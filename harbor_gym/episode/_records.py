@@ -101,7 +101,13 @@ class TurnRecord:
         outcome: the activation's `AgentOutcome` (status, policy, response, exit code, ATIF trajectory steps,
             metadata) as plain picklable data, its ``model_calls`` moved to the field below; ``None`` when the
             agent did not run (GYM-13).
-        model_calls: this activation's model calls (`harbor_gym.agents.ModelCall`), in order (GYM-13).
+        model_calls: this activation's model calls (`harbor_gym.agents.ModelCall`), in order (GYM-13): those the
+            agent recorded itself (``turn.record_model_call``, then its outcome's), then those the episode's capture
+            proxy saw during the activation window (issue 18, ``EnvConfig.model_upstream``).
+        model_calls_refused: issue 18: calls to the episode's capture proxy refused during this turn's span (from
+            the end of the previous turn, or the seed, to the end of this one) because no activation window was
+            open: made by a process left running between turns, during preparation, setup.sh or verification.
+            They are never in ``model_calls`` and never reached the upstream. ``0`` without a model upstream.
         trainable: `turn_trainable` (GYM-13): false for masked, ungraded and infrastructure-outage turns, true for
             measured and agent-caused ones.
         agent_caused: GYM-12: the turn ended in an outage the agent caused (while the engine answered, the sandbox
@@ -140,6 +146,7 @@ class TurnRecord:
     agent_caused: bool = False
     outage_cause: str | None = None
     freeze_exempt: tuple[ExemptProcess, ...] = ()
+    model_calls_refused: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "freeze_exempt", tuple(ExemptProcess.coerce(e) for e in self.freeze_exempt))

@@ -85,6 +85,10 @@ class _Turn:
     harness_killed: bool = False
     #: GYM-10: what this turn may still copy out of its sandboxes (set by `copy_budget`).
     budget: CopyBudget | None = None
+    #: Issue 18: the model calls the capture proxy recorded in this turn's activation window, and how many calls
+    #: it refused in the window.
+    proxy_calls: tuple = ()
+    proxy_refused: int = 0
 
     def copy_budget(self, config: Any) -> CopyBudget:
         """The turn's `CopyBudget` (``EnvConfig.copy_file_cap_bytes`` per file, ``copy_turn_cap_bytes`` in all),

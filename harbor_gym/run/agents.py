@@ -9,6 +9,10 @@ Specs (SPEC GYM-4 says what an action can be):
 - ``module:Class`` (``package.module:Class``, or ``path/to/file.py:Class``): the class is imported (the current
   folder is on the import path) and instantiated once per episode with the ``--agent-arg`` arguments (none by
   default); it must have ``run(turn)``.
+- ``cmd:COMMAND``: `harbor_gym.agents.CommandAgent` (issue 18): the command line runs in the sandbox as every
+  turn's agent (``{instruction}`` replaced by the shell-quoted instruction, which is also in
+  ``/logs/agent/instruction.md``); an installed harness. With ``--base-url`` the run gets a model upstream
+  (`EnvConfig.model_upstream`) and the harness's calls are captured through the episode's proxy.
 - ``chat``: `harbor_gym.agents.ChatAgent` over an OpenAI-compatible endpoint (GYM-13), made once per episode with
   ``model``, ``base_url`` and the ``--agent-arg`` arguments (``max_steps=20``, ``temperature=0.7``,
   ``tool_mode=text``...). Its key is read from the environment variable ``api_key_env`` (default
@@ -34,7 +38,7 @@ from harbor_gym.errors import ConfigError
 __all__ = ["AgentSpec", "EpisodeAgent", "resolve_agent", "parse_agent_args", "AGENT_KINDS"]
 
 #: What ``--agent`` accepts (``--help`` lists them).
-AGENT_KINDS = ("oracle", "script:FILE", "module:Class", "chat")
+AGENT_KINDS = ("oracle", "script:FILE", "module:Class", "cmd:COMMAND", "chat")
 
 _MODULE_CLASS = re.compile(r"^(?P<module>[^:]+):(?P<cls>[A-Za-z_][A-Za-z0-9_.]*)$")
 
@@ -56,8 +60,8 @@ class AgentSpec:
 
 
 def _error(spec: str, why: str) -> ConfigError:
-    return ConfigError(f"{spec!r}: {why} (use oracle, script:FILE, module:Class or chat)", field="--agent",
-                       rule="GYM-4")
+    return ConfigError(f"{spec!r}: {why} (use oracle, script:FILE, module:Class, cmd:COMMAND or chat)",
+                       field="--agent", rule="GYM-4")
 
 
 def parse_agent_args(items: Sequence[str]) -> dict[str, Any]:
@@ -135,6 +139,16 @@ def _script(spec: str, target: str) -> AgentSpec:
     raise _error(spec, f"no such file or folder: {target}")
 
 
+def _command(spec: str, command: str) -> AgentSpec:
+    from harbor_gym.agents import CommandAgent
+
+    try:
+        agent = CommandAgent(command)
+    except ValueError as exc:
+        raise _error(spec, str(exc)) from exc
+    return AgentSpec(spec, lambda: EpisodeAgent(agent, lambda step: agent))
+
+
 def _import_class(spec: str, module_name: str, class_path: str) -> type:
     if module_name.endswith(".py"):
         file = Path(module_name)
@@ -198,7 +212,7 @@ def resolve_agent(spec: str, agent_args: Mapping[str, Any] | None = None) -> Age
     kwargs = dict(agent_args or {})
     if spec == "chat":
         return _chat(kwargs)
-    if kwargs and (spec == "oracle" or spec.startswith("script:")):
+    if kwargs and (spec == "oracle" or spec.startswith(("script:", "cmd:"))):
         raise _error(spec, f"takes no --agent-arg (got {', '.join(sorted(kwargs))})")
     if spec == "oracle":
         return AgentSpec("oracle", _oracle)
@@ -207,6 +221,8 @@ def resolve_agent(spec: str, agent_args: Mapping[str, Any] | None = None) -> Age
         if not target:
             raise _error(spec, "script: needs a FILE")
         return _script(spec, target)
+    if spec.startswith("cmd:"):
+        return _command(spec, spec[len("cmd:"):])
     match = _MODULE_CLASS.match(spec)
     if match:
         return _module(spec, match["module"], match["cls"], kwargs)

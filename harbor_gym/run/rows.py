@@ -81,6 +81,11 @@ class TurnRow(BaseModel):
     agent_caused: bool = Field(False, description="GYM-12: the turn ended in an outage the agent caused (reward 0.0).")
     outage_cause: str | None = Field(None, description="GYM-12: what the agent did (died, oom_killed, "
                                                        "storage_exceeded, cannot_run_commands, harness_killed).")
+    model_calls: int = Field(0, description="GYM-13: how many model calls the turn recorded (the agent's own and "
+                                            "those its capture proxy saw, issue 18); the calls themselves, token ids "
+                                            "and logprobs included, are in trajectories.jsonl.")
+    model_calls_refused: int = Field(0, description="Issue 18: calls to the episode's capture proxy refused during "
+                                                    "this turn's span because no activation window was open.")
 
 
 class _EpisodeKey(BaseModel):
@@ -155,6 +160,8 @@ def turn_row(record: Any) -> TurnRow:
         log_dir=_record_attr(record, "log_dir"),
         agent_caused=bool(_record_attr(record, "agent_caused", False)),
         outage_cause=_record_attr(record, "outage_cause"),
+        model_calls=len(_record_attr(record, "model_calls", ()) or ()),
+        model_calls_refused=int(_record_attr(record, "model_calls_refused", 0) or 0),
     )
 
 

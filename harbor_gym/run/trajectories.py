@@ -5,14 +5,16 @@ One JSON object per line, one line per episode whose row was written (graded or 
 
     {"task_id": str, "rollout": int, "seed": int, "attempt": int, "agent": str,
      "turns": [{"step_name": str, "index": int, "reward": float | null, "trainable": bool,
-                "failure_kind": str | null,
+                "failure_kind": str | null, "model_calls_refused": int,
                 "outcome": {status, policy, trajectory, response, exit_code, output_tail, metadata,
                             failure_kind, model_calls: []} | null,
                 "model_calls": [ModelCall.to_dict(), ...]}]}
 
 ``outcome`` is `AgentOutcome.to_dict` (its calls moved to ``model_calls``); each model call is `ModelCall.to_dict`
 (request messages as a delta: `harbor_gym.agents.full_requests` rebuilds them; token ids and logprobs exactly as the
-server sent them, ``null`` when it sent none). A retried episode's earlier attempts are not kept. A resumed run
+server sent them, ``null`` when it sent none; with a model upstream, the capture proxy's calls of the activation
+follow the agent's own, issue 18). ``model_calls_refused`` counts the proxy calls refused during the turn's span (no
+activation window open; never in ``model_calls``). A retried episode's earlier attempts are not kept. A resumed run
 appends; lines of a ``(task_id, rollout)`` written twice: the last one wins.
 """
 
@@ -34,6 +36,7 @@ def episode_trajectory(records: Iterable[Any], **key: Any) -> dict[str, Any]:
     for r in records:
         turns.append({"step_name": r.step_name, "index": r.index, "reward": r.reward, "trainable": r.trainable,
                       "failure_kind": r.failure_kind,
+                      "model_calls_refused": int(getattr(r, "model_calls_refused", 0) or 0),
                       "outcome": r.outcome.to_dict() if r.outcome is not None else None,
                       "model_calls": [c.to_dict() for c in r.model_calls]})
     return {**key, "turns": turns}

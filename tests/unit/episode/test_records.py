@@ -22,7 +22,8 @@ def test_gym_8_record_fields():
     gym8 = {"step_name", "index", "reward", "verifier_rewards", "reward_valid", "masked", "verifier_mode",
             "failure_kind", "min_reward_missed", "agent_status", "exit_code", "output_tail", "manifest", "log_dir",
             "timings"}
-    gym11_13 = {"outcome", "model_calls", "trainable", "agent_caused", "outage_cause", "freeze_exempt"}
+    gym11_13 = {"outcome", "model_calls", "trainable", "agent_caused", "outage_cause", "freeze_exempt",
+                "model_calls_refused"}  # issue 18
     assert {f.name for f in dataclasses.fields(TurnRecord)} == gym8 | gym11_13 | {"task_id", "instruction",
                                                                                   "mask_reason", "failure_message"}
     ep = {"reward", "verifier_rewards", "strategy", "verifier_mode", "turns", "stopped_after_turn", "masked",
