@@ -103,7 +103,10 @@ def reaper_socket() -> str:
 
 
 def _engine_key(client: "docker.DockerClient") -> str:
-    return str(getattr(client.api, "base_url", "")) + "|" + os.environ.get("DOCKER_HOST", "")
+    # Every unix:// client has the same base_url: the socket path tells two local engines (Docker, podman) apart.
+    adapter = getattr(client.api, "_custom_adapter", None)
+    return (str(getattr(client.api, "base_url", "")) + "|" + str(getattr(adapter, "socket_path", "")) + "|"
+            + os.environ.get("DOCKER_HOST", ""))
 
 
 def _tar(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
@@ -222,11 +225,15 @@ def _create(client: "docker.DockerClient", settings: SandboxSettings) -> None:
     from harbor_gym.sandbox import images
     from harbor_gym.sandbox.base import SandboxSpec
 
+    from harbor_gym.sandbox import _podman
+
     image = images.ensure_image(client, SandboxSpec(image=REAPER_IMAGE, name_hint="reaper"), settings)
     api = client.api
+    binds, environment = _podman.reaper_mount(client) or (
+        {reaper_socket(): {"bind": _reaper_script.SOCKET, "mode": "rw"}}, {})
     host_config = api.create_host_config(
         restart_policy={"Name": "unless-stopped"},
-        binds={reaper_socket(): {"bind": _reaper_script.SOCKET, "mode": "rw"}},
+        binds=binds,
         network_mode="none",
         init=True,
         mem_limit="128m",
@@ -236,7 +243,7 @@ def _create(client: "docker.DockerClient", settings: SandboxSettings) -> None:
     try:
         api.create_container(image.id, command=["python3", "-u", _SCRIPT_PATH], entrypoint=[], name=REAPER_NAME,
                              labels={REAPER_LABEL: _VERSION}, user="0", working_dir="/", host_config=host_config,
-                             environment={"HARBOR_GYM_REAPER_NAME": REAPER_NAME})
+                             environment={"HARBOR_GYM_REAPER_NAME": REAPER_NAME, **environment})
     except docker.errors.APIError as exc:
         if exc.status_code == 409:  # another process made it
             return

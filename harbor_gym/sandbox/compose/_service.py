@@ -154,10 +154,10 @@ class ServiceSandbox(DockerSandbox):
         for mount in copies:
             self._copy_in(api, created["Id"], mount.source, mount.target)
         if self.spec.network:  # GYM-10: egress only through the shared, host-filtered network
-            from harbor_gym.sandbox import _netfilter
+            from harbor_gym.sandbox import _podman_net
 
             try:
-                api.connect_container_to_network(created["Id"], _netfilter.public_network(self.client).name)
+                api.connect_container_to_network(created["Id"], _podman_net.public_network(self.client).name)
                 self._count()
             except Exception as exc:
                 self._count()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import _reaper, lease as leases
-from harbor_gym.sandbox import _netfilter
+from harbor_gym.sandbox import _netfilter, _podman_net
 from harbor_gym.sandbox._engine import get_client, translate_error
 from harbor_gym.sandbox.base import (
     MANAGED_LABEL,
@@ -206,7 +206,7 @@ class ComposeGroup:
         labels = self._resource_labels(lease)
         api = self.client.api
         # GYM-10: the host rules that keep every group bridge (hgg-+) and the public one off the host
-        net = _netfilter.public_network(self.client)
+        net = _podman_net.public_network(self.client)  # Docker's (`_netfilter`), or podman's own
         if not net.filtered and getattr(self.settings, "unfiltered_network", "refuse") != "allow":
             raise SandboxUnavailableError(
                 f"group {self.name}: its network cannot be filtered from the host here ({net.unfiltered_reason}); "
@@ -214,7 +214,7 @@ class ComposeGroup:
         try:
             self._network_id = api.create_network(
                 self.name, driver="bridge", internal=True, labels=labels,
-                options={"com.docker.network.bridge.name": _netfilter.group_bridge_name()},
+                options={"com.docker.network.bridge.name": _podman_net.group_bridge_name(self.client)},
                 check_duplicate=True)["Id"]
             for volume in self.compose.volumes:
                 docker_name = f"{self.name}_{volume}"
