@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
     from harbor_gym.sandbox.base import SandboxSpec
 
-__all__ = ["PodmanEngine", "podman_client", "engine_of", "is_podman", "own_socket", "libpod", "reaper_mount",
+__all__ = ["PodmanEngine", "podman_client", "client_for", "engine_of", "is_podman", "own_socket", "libpod", "reaper_mount", "reaper_mount_current",
+           "HealthcheckDriver", "healthcheck_driver",
            "unenforced", "limit_refusals", "warn_unapplied", "ROOTFUL_SOCKET", "LIMIT_CONTROLLERS"]
 
 log = logging.getLogger("harbor_gym.sandbox")
@@ -208,6 +209,21 @@ def _connect() -> tuple["docker.DockerClient", PodmanEngine]:
     return client, _probe(client, url=url, how="started by harbor_gym" if started else "harbor_gym's service")
 
 
+def client_for(url: str, *, how: str = "given") -> "docker.DockerClient":
+    """A new Docker SDK client of the podman service at ``url`` (``unix://`` or ``tcp://``), carrying its
+    `PodmanEngine` (`engine_of`); the caller closes it. For a service of one's own choosing, e.g. another user's
+    rootless service driven from root through its socket.
+
+    Raises:
+        SandboxUnavailableError: nothing answers there, or it is not podman.
+    """
+    client = _try(url)
+    if client is None:
+        raise SandboxUnavailableError(f"no podman service answers at {url}", field="backend", retryable=True)
+    setattr(client, _MARK, _probe(client, url=url, how=how))
+    return client
+
+
 def _try(url: str) -> "docker.DockerClient | None":
     """A client of ``url`` if a podman service answers there (its version names the Podman Engine), else None."""
     import docker
@@ -341,6 +357,48 @@ def reaper_mount(client: Any) -> tuple[dict[str, dict[str, str]], dict[str, str]
     folder, name = os.path.split(path)
     return ({folder: {"bind": REAPER_ENGINE_DIR, "mode": "rw"}},
             {"HARBOR_GYM_REAPER_ENGINE_SOCKET": f"{REAPER_ENGINE_DIR}/{name}"})
+
+
+def reaper_mount_current(client: Any, attrs: dict) -> bool:
+    """False iff ``client`` is podman and the reaper container ``attrs`` (an inspect) does not mount the folder of
+    the engine's current socket (it was made through another service's socket: it could reach no engine)."""
+    mount = reaper_mount(client) if engine_of(client) is not None else None
+    if mount is None:
+        return True
+    (folder,) = mount[0]
+    return any(m.get("Source") == folder and m.get("Destination") == REAPER_ENGINE_DIR
+               for m in attrs.get("Mounts") or [])
+
+
+# --- healthchecks -----------------------------------------------------------------------------------------------
+class HealthcheckDriver:
+    """Runs a container's healthcheck through podman's libpod API at its interval (podman schedules healthchecks
+    with systemd timers, so without systemd a compose service's ``State.Health`` would stay ``starting``).
+
+    Call it from a wait loop: a check runs when one is due (the first at once); its result updates the
+    container's health as the engine's own run would (``healthy`` after a pass, ``unhealthy`` after ``retries``
+    failures). Errors are left to the wait loop's inspect (a dead container, no healthcheck)."""
+
+    def __init__(self, client: Any, container_id: str, interval_s: float) -> None:
+        self.client = client
+        self.container_id = container_id
+        self.interval_s = max(0.5, interval_s)
+        self._last: float | None = None
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.interval_s:
+            return
+        self._last = now
+        try:
+            libpod(self.client, "GET", f"/containers/{self.container_id}/healthcheck")
+        except Exception as exc:  # the inspect that follows says what happened to the container
+            log.debug("podman healthcheck run of %s failed: %s", self.container_id[:12], exc)
+
+
+def healthcheck_driver(client: Any, container_id: str, interval_s: float) -> HealthcheckDriver | None:
+    """A `HealthcheckDriver` on podman, ``None`` on Docker (whose engine runs healthchecks itself)."""
+    return HealthcheckDriver(client, container_id, interval_s) if engine_of(client) is not None else None
 
 
 # --- limits ---------------------------------------------------------------------------------------------------

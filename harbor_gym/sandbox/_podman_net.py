@@ -43,7 +43,7 @@ from harbor_gym.sandbox.base import MANAGED_LABEL
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["PUBLIC_NETWORK", "BRIDGE_IFACE", "IFACE_PREFIX", "GROUP_IFACE_PREFIX", "OUT_CHAIN", "ROOTLESS_MODE",
+__all__ = ["PUBLIC_NETWORK", "BRIDGE_IFACE", "IFACE_PREFIX", "GROUP_IFACE_PREFIX", "OUT_CHAIN", "IN_CHAIN", "ROOTLESS_MODE",
            "public_network", "group_bridge_name", "filter_rules", "forget"]
 
 log = logging.getLogger("harbor_gym.sandbox")
@@ -58,6 +58,8 @@ IFACE_PREFIX = "hgp-"
 GROUP_IFACE_PREFIX = "hgp-g"
 #: The FORWARD chain letting traffic from ``hgp-+`` out through the default routes' interfaces only.
 OUT_CHAIN = "HGP-OUT"
+#: The FORWARD chain letting only replies into ``hgp-+``.
+IN_CHAIN = "HGP-IN"
 #: The network mode of a public sandbox on rootless podman: a network stack of its own.
 ROOTLESS_MODE = "slirp4netns"
 
@@ -74,8 +76,11 @@ def group_bridge_name(client: Any) -> str:
 
 
 def filter_rules(uplinks: list[str]) -> list[tuple[str, str, list[str]]]:
-    """The host rules for podman's bridges, pure: ``(binary, chain, rule)`` in final order (each list is inserted
-    first in its chain). ``uplinks``: the interfaces of the default routes."""
+    """The host rules for podman's bridges, pure: ``(binary, chain, rule)``, each chain's rules in their final
+    order (`OUT_CHAIN`/`IN_CHAIN` end with a DROP; the other chains' rules go first in them). ``uplinks``: the
+    interfaces of the default routes. Within a compose group traffic is accepted only as bridged frames (one
+    group's bridge to itself: ``--physdev-is-bridged``), so two groups never reach each other; a FORWARD policy
+    of DROP (Docker's) would otherwise drop it, podman adding no rule for an internal network."""
     hgp, groups = IFACE_PREFIX + "+", GROUP_IFACE_PREFIX + "+"
     return [
         ("iptables", "INPUT", ["-i", groups, "-p", "udp", "--dport", "53", "-j", "ACCEPT"]),
@@ -86,9 +91,13 @@ def filter_rules(uplinks: list[str]) -> list[tuple[str, str, list[str]]]:
         ("ip6tables", "FORWARD", ["-o", hgp, "-j", "DROP"]),
         ("iptables", "FORWARD", ["-i", hgp, "-m", "conntrack", "--ctstate", "DNAT", "-j", "DROP"]),
         ("iptables", "FORWARD", ["-i", hgp, "-j", OUT_CHAIN]),
-        ("iptables", "FORWARD", ["-o", hgp, "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED", "-j",
-                                 "DROP"]),
-    ] + [("iptables", OUT_CHAIN, ["-o", dev, "-j", "RETURN"]) for dev in uplinks]
+        ("iptables", "FORWARD", ["-o", hgp, "-j", IN_CHAIN]),
+        ("iptables", OUT_CHAIN, ["-i", groups, "-m", "physdev", "--physdev-is-bridged", "-j", "ACCEPT"]),
+        *[("iptables", OUT_CHAIN, ["-o", dev, "-j", "RETURN"]) for dev in uplinks],
+        ("iptables", OUT_CHAIN, ["-j", "DROP"]),
+        ("iptables", IN_CHAIN, ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"]),
+        ("iptables", IN_CHAIN, ["-j", "DROP"]),
+    ]
 
 
 def forget(client: Any) -> None:
@@ -185,30 +194,28 @@ def _install_rules() -> str | None:
     uplinks = _uplinks()
     if not uplinks:
         return "the host has no default route, so podman's sandboxes have no egress interface to be limited to"
-    if run(["iptables", *wait, "-n", "-L", OUT_CHAIN]) is not None:
-        failed = run(["iptables", *wait, "-N", OUT_CHAIN])
-        if failed is not None and "exists" not in failed:
-            return f"iptables -N {OUT_CHAIN} failed: {failed}"
     have_v6 = os.path.exists("/proc/sys/net/ipv6")
     rules = filter_rules(uplinks)
-    # the chain's own rules are appended in order, with its final DROP last; the others go first in their chains
-    for binary, chain, rule in [r for r in rules if r[1] == OUT_CHAIN] + [("iptables", OUT_CHAIN, ["-j", "DROP"])]:
-        if run([binary, *wait, "-C", chain, *rule]) is None:
-            continue
-        if rule == ["-j", "DROP"]:
-            failed = run([binary, *wait, "-A", chain, *rule])
-        else:
-            failed = run([binary, *wait, "-I", chain, "1", *rule])
-        if failed is not None:
-            return f"{binary} {chain} {' '.join(rule)} failed: {failed}"
-    for binary, chain, rule in reversed([r for r in rules if r[1] != OUT_CHAIN]):
+    own = (OUT_CHAIN, IN_CHAIN)
+    for chain in own:
+        if run(["iptables", *wait, "-n", "-L", chain]) is not None:
+            failed = run(["iptables", *wait, "-N", chain])
+            if failed is not None and "exists" not in failed:
+                return f"iptables -N {chain} failed: {failed}"
+    # our chains: the final DROP appended once, every other rule inserted first (never a window without the DROP);
+    # then the jumps and drops first in the host's chains
+    ordered = [r for r in rules if r[1] in own and r[2] == ["-j", "DROP"]] + \
+        list(reversed([r for r in rules if r[1] in own and r[2] != ["-j", "DROP"]])) + \
+        list(reversed([r for r in rules if r[1] not in own]))
+    for binary, chain, rule in ordered:
         if binary == "ip6tables" and not have_v6:
             continue
         if run([binary, *wait, "-C", chain, *rule]) is None:
             continue
-        failed = run([binary, *wait, "-I", chain, "1", *rule])
+        where = ["-A", chain] if chain in own and rule == ["-j", "DROP"] else ["-I", chain, "1"]
+        failed = run([binary, *wait, *where, *rule])
         if failed is not None:
-            return f"{binary} -I {chain} {' '.join(rule)} failed: {failed}"
+            return f"{binary} {' '.join(where)} {' '.join(rule)} failed: {failed}"
     log.info("host filter for podman's bridges (%s+) installed: INPUT drop, egress only through %s",
              IFACE_PREFIX, ", ".join(uplinks))
     return None

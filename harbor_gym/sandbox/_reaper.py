@@ -34,7 +34,9 @@ removed by lease (``harbor-gym gc`` still removes the resources of dead runs of 
 
 Engines: the socket mounted into the reaper is the engine host's ``/var/run/docker.sock``, or the path of a
 ``unix://`` ``DOCKER_HOST``, or ``HARBOR_GYM_REAPER_SOCKET``; a remote engine (``tcp://``, ``ssh://``) is reached
-the same way, since the reaper runs on it.
+the same way, since the reaper runs on it. On podman the socket's folder is mounted (`_podman.reaper_mount`: a
+service restarted on the same path makes a new socket file), and a reaper whose folder is not the current
+socket's is recreated.
 """
 
 from __future__ import annotations
@@ -178,9 +180,16 @@ def _ensure_running(client: "docker.DockerClient", settings: SandboxSettings) ->
     import docker.errors
 
     api = client.api
+    from harbor_gym.sandbox import _podman
+
     try:
         attrs = api.inspect_container(REAPER_NAME)
     except docker.errors.NotFound:
+        _create(client, settings)
+        attrs = api.inspect_container(REAPER_NAME)
+    if not _podman.reaper_mount_current(client, attrs):  # podman's socket moved since: a reaper that reaches it
+        log.info("lease reaper %s: podman's socket moved; recreating it", REAPER_NAME)
+        api.remove_container(REAPER_NAME, force=True)
         _create(client, settings)
         attrs = api.inspect_container(REAPER_NAME)
     state = attrs.get("State") or {}

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import _reaper, lease as leases
-from harbor_gym.sandbox import _netfilter, _podman_net
+from harbor_gym.sandbox import _netfilter, _podman, _podman_net
 from harbor_gym.sandbox._engine import get_client, translate_error
 from harbor_gym.sandbox.base import (
     MANAGED_LABEL,
@@ -291,7 +291,12 @@ class ComposeGroup:
         name = member.service.name
         where = f"services.{name}.healthcheck"
         deadline = time.monotonic() + self.start_timeout_s
+        check = member.service.healthcheck
+        drive = _podman.healthcheck_driver(self.client, member.container_id,
+                                           check.interval_s if check is not None else 1.0)  # None on Docker
         while True:
+            if drive is not None:
+                drive()
             try:
                 attrs = self.client.api.inspect_container(member.container_id)
             except Exception as exc:
