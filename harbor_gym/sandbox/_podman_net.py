@@ -43,7 +43,7 @@ from harbor_gym.sandbox.base import MANAGED_LABEL
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["PUBLIC_NETWORK", "BRIDGE_IFACE", "IFACE_PREFIX", "GROUP_IFACE_PREFIX", "OUT_CHAIN", "IN_CHAIN", "ROOTLESS_MODE",
+__all__ = ["PUBLIC_NETWORK", "BRIDGE_IFACE", "IFACE_PREFIX", "GROUP_IFACE_PREFIX", "INPUT_CHAIN", "OUT_CHAIN", "IN_CHAIN", "ROOTLESS_MODE",
            "public_network", "group_bridge_name", "filter_rules", "forget"]
 
 log = logging.getLogger("harbor_gym.sandbox")
@@ -56,6 +56,8 @@ BRIDGE_IFACE = "hgp-public0"
 IFACE_PREFIX = "hgp-"
 #: Prefix of compose groups' bridges on podman.
 GROUP_IFACE_PREFIX = "hgp-g"
+#: The INPUT chain of ``hgp-+``: DNS on group bridges, nothing else.
+INPUT_CHAIN = "HGP-INPUT"
 #: The FORWARD chain letting traffic from ``hgp-+`` out through the default routes' interfaces only.
 OUT_CHAIN = "HGP-OUT"
 #: The FORWARD chain letting only replies into ``hgp-+``.
@@ -76,16 +78,19 @@ def group_bridge_name(client: Any) -> str:
 
 
 def filter_rules(uplinks: list[str]) -> list[tuple[str, str, list[str]]]:
-    """The host rules for podman's bridges, pure: ``(binary, chain, rule)``, each chain's rules in their final
-    order (`OUT_CHAIN`/`IN_CHAIN` end with a DROP; the other chains' rules go first in them). ``uplinks``: the
+    """The host rules for podman's bridges, pure: ``(binary, chain, rule)``. Where order matters the rules sit in
+    chains of ours (`INPUT_CHAIN`, `OUT_CHAIN`, `IN_CHAIN`) that end with a DROP, everything else in them being an
+    exit before it, so an idempotent re-install (inserting what is missing first) never reorders a decision; the
+    host chains only get jumps and drops, first in them. ``uplinks``: the
     interfaces of the default routes. Within a compose group traffic is accepted only as bridged frames (one
     group's bridge to itself: ``--physdev-is-bridged``), so two groups never reach each other; a FORWARD policy
     of DROP (Docker's) would otherwise drop it, podman adding no rule for an internal network."""
     hgp, groups = IFACE_PREFIX + "+", GROUP_IFACE_PREFIX + "+"
     return [
-        ("iptables", "INPUT", ["-i", groups, "-p", "udp", "--dport", "53", "-j", "ACCEPT"]),
-        ("iptables", "INPUT", ["-i", groups, "-p", "tcp", "--dport", "53", "-j", "ACCEPT"]),
-        ("iptables", "INPUT", ["-i", hgp, "-j", "DROP"]),
+        ("iptables", "INPUT", ["-i", hgp, "-j", INPUT_CHAIN]),
+        ("iptables", INPUT_CHAIN, ["-i", groups, "-p", "udp", "--dport", "53", "-j", "ACCEPT"]),
+        ("iptables", INPUT_CHAIN, ["-i", groups, "-p", "tcp", "--dport", "53", "-j", "ACCEPT"]),
+        ("iptables", INPUT_CHAIN, ["-j", "DROP"]),
         ("ip6tables", "INPUT", ["-i", hgp, "-j", "DROP"]),
         ("ip6tables", "FORWARD", ["-i", hgp, "-j", "DROP"]),
         ("ip6tables", "FORWARD", ["-o", hgp, "-j", "DROP"]),
@@ -196,7 +201,7 @@ def _install_rules() -> str | None:
         return "the host has no default route, so podman's sandboxes have no egress interface to be limited to"
     have_v6 = os.path.exists("/proc/sys/net/ipv6")
     rules = filter_rules(uplinks)
-    own = (OUT_CHAIN, IN_CHAIN)
+    own = (INPUT_CHAIN, OUT_CHAIN, IN_CHAIN)
     for chain in own:
         if run(["iptables", *wait, "-n", "-L", chain]) is not None:
             failed = run(["iptables", *wait, "-N", chain])
