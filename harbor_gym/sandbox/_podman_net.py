@@ -134,7 +134,10 @@ def public_network(client: "docker.DockerClient") -> PublicNetwork:
                 gateway = _ensure(client)
                 known = PublicNetwork(PUBLIC_NETWORK, gateway, _install_filter(engine, gateway))
             _known[key] = known
-    if not known.filtered:
+            fresh = True
+        else:
+            fresh = False
+    if fresh and not known.filtered:
         log.warning("podman's public-network sandboxes are not filtered from the host (%s): they reach %s",
                     known.unfiltered_reason, _netfilter.REACHABLE_WITHOUT_FILTER)
     return known
