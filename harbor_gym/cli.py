@@ -64,12 +64,13 @@ def _engine_backend(requested: str, command: str) -> str:
         return "local"
     if requested == "podman":
         from harbor_gym.errors import SandboxUnavailableError
-        from harbor_gym.sandbox._podman import podman_client
+        from harbor_gym.sandbox._podman import engine_of, podman_client
 
         try:
-            podman_client()  # found or started, said in one log line
+            engine = engine_of(podman_client())  # found or started
         except SandboxUnavailableError as exc:
             raise UsageError(f"--backend podman: {exc}") from exc
+        _say(_err, "", f"harbor-gym {command}: {engine.describe()} at {engine.url} ({engine.how})")
         return "podman"
     reason = engine_answers()
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"

@@ -21,11 +21,11 @@ from harbor_gym.sandbox._podman import engine_of
 from harbor_gym.sandbox._podman_net import BRIDGE_IFACE, PUBLIC_NETWORK
 from harbor_gym.sandbox.podman_backend import PodmanSandbox
 
-from conftest import BASE_IMAGE, base_settings
 
 pytestmark = pytest.mark.podman
 
 REPO = Path(__file__).resolve().parents[3]
+BASE_IMAGE = "harbor-gym/base:bookworm"
 
 _CONNECT = """
 import socket, sys
@@ -77,10 +77,11 @@ def host_listener():
 
 # SPEC: GYM-10 (issue 17 item 2): a public podman sandbox reaches no host service and no sibling; Docker's bridge
 # is left alone (podman's networks never take its names)
-def test_gym_10_public_podman_sandbox_reaches_neither_host_nor_sibling(podman_rootful, host_listener):
+def test_gym_10_public_podman_sandbox_reaches_neither_host_nor_sibling(podman_rootful, host_listener,
+                                                                       settings_with):
     docker_bridge = Path("/sys/class/net/hg-public0")
     had_docker_bridge = docker_bridge.exists()
-    settings = base_settings()
+    settings = settings_with()
     a = PodmanSandbox(SandboxSpec(image=BASE_IMAGE, network=True, name_hint="net-a"), settings, client=podman_rootful)
     b = PodmanSandbox(SandboxSpec(image=BASE_IMAGE, network=True, name_hint="net-b"), settings, client=podman_rootful)
     try:
