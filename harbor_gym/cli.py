@@ -62,6 +62,16 @@ def _engine_backend(requested: str, command: str) -> str:
 
     if requested == "local":
         return "local"
+    if requested == "podman":
+        from harbor_gym.errors import SandboxUnavailableError
+        from harbor_gym.sandbox._podman import engine_of, podman_client
+
+        try:
+            engine = engine_of(podman_client())  # found or started
+        except SandboxUnavailableError as exc:
+            raise UsageError(f"--backend podman: {exc}") from exc
+        _say(_err, "", f"harbor-gym {command}: {engine.describe()} at {engine.url} ({engine.how})")
+        return "podman"
     reason = engine_answers()
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     if reason is None:
@@ -398,8 +408,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--save-trajectories", action="store_true",
                      help="also write OUT/trajectories.jsonl: each turn's agent outcome and model calls (token ids, "
                           "logprobs) beside the rows (format: harbor_gym.run.trajectories)")
-    run.add_argument("--backend", choices=["auto", "docker", "local"], default="auto",
-                     help="docker (an engine must answer, else exit 2), local (bubblewrap), or auto (default: docker "
+    run.add_argument("--backend", choices=["auto", "docker", "podman", "local"], default="auto",
+                     help="docker (an engine must answer, else exit 2), podman (its socket found or its service started), "
+                          "local (bubblewrap), or auto (default: docker "
                           "when an engine answers, else local, announced in one line)")
     run.add_argument("--semantics", choices=["seed", "harbor"], default="seed",
                      help="SPEC §14: seed (default) or harbor (Harbor 0.25's side)")
@@ -432,7 +443,7 @@ def _parser() -> argparse.ArgumentParser:
                     "`harbor-gym run --pool-size`).")
     prewarm.add_argument("path", metavar="PATH", help="a task folder or a folder of task folders")
     prewarm.add_argument("--size", type=int, default=2, metavar="N", help="sandboxes per pool (default 2)")
-    prewarm.add_argument("--backend", choices=["auto", "docker", "local"], default="auto")
+    prewarm.add_argument("--backend", choices=["auto", "docker", "podman", "local"], default="auto")
     prewarm.add_argument("--timeout", type=float, default=600.0, metavar="S", help="bound of each pool's fill")
     prewarm.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                          help="extra label on every container (repeatable)")
@@ -446,7 +457,7 @@ def _parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="run the oracle through every step; every turn must score 1.0")
     validate.add_argument("paths", nargs="+", metavar="PATH", help="a task folder or a folder of task folders")
-    validate.add_argument("--backend", choices=["auto", "docker", "local"], default="auto")
+    validate.add_argument("--backend", choices=["auto", "docker", "podman", "local"], default="auto")
     validate.add_argument("--semantics", choices=["seed", "harbor"], default="seed",
                           help="SPEC §14: seed (default) or harbor")
     validate.set_defaults(func=_cmd_validate)

@@ -67,10 +67,12 @@ class PullPolicy(str, Enum):
 
 
 class BackendName(str, Enum):
-    """The sandbox backend: ``docker`` when an engine answers, else ``local`` (bubblewrap), for ``auto``."""
+    """The sandbox backend: ``docker`` when an engine answers, else ``local`` (bubblewrap), for ``auto``; ``podman``
+    (its Docker-compatible API) only when asked for."""
 
     AUTO = "auto"
     DOCKER = "docker"
+    PODMAN = "podman"
     LOCAL = "local"
 
 
@@ -205,7 +207,7 @@ class EnvConfig(BaseModel):
     )
 
     # --- sandboxes -------------------------------------------------------------------------------------
-    backend: BackendName = Field(BackendName.AUTO, description="'auto' (docker if an engine answers, else local).")
+    backend: BackendName = Field(BackendName.AUTO, description="'auto' (docker if an engine answers, else local), 'docker', 'podman' or 'local'.")
     seed_retries: int = Field(2, ge=0, description="GYM-2: retries of a sandbox outage while seeding.")
     pull_policy: PullPolicy | None = Field(None, description="None: the host settings file's (default 'missing').")
     image_aliases: dict[str, str] | None = Field(

@@ -10,6 +10,7 @@
 #   HARBOR_GYM_ENGINE_ROOT  the engine's data root (default /var/lib/harbor-gym/engine), a btrfs filesystem the engine
 #                           uses with its btrfs storage driver, so that it honours `storage-opt size` (GYM-10)
 #   HARBOR_GYM_ENGINE_FS_GB size of the sparse loop file that holds it when it is not a mount already (default 64)
+#   HARBOR_GYM_SKIP_PODMAN=1 do not set up podman (rootful and rootless; see its section)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -144,6 +145,109 @@ if ! docker image inspect "$base_image" >/dev/null 2>&1; then
   tar -C "$rootfs" --exclude=./.harbor-gym-complete -c . | docker import \
     --change 'CMD ["/bin/bash"]' --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     - "$base_image" >/dev/null
+fi
+
+# --- Podman, rootful and rootless (issue 17 item 2) ---------------------------------------------------------
+# Never fatal for the rest: a podman failure is logged and leaves the Docker engine's set-up as it is (under CI the
+# podman tests then fail, naming what is missing). HARBOR_GYM_SKIP_PODMAN=1 skips it.
+#   HARBOR_GYM_PODMAN_USER   the unprivileged user rootless podman runs as (default hgpodman)
+#   HARBOR_GYM_PODMAN_FS_GB  size of the sparse loop file holding rootful podman's btrfs store (default 32)
+podman_user=${HARBOR_GYM_PODMAN_USER:-hgpodman}
+podman_root=/var/lib/harbor-gym/podman
+podman_marker="# Written by harbor_gym scripts/setup-host.sh"
+setup_podman() {
+  local need=() f
+  command -v podman >/dev/null 2>&1 || need+=(podman)
+  command -v newuidmap >/dev/null 2>&1 || need+=(uidmap)
+  command -v slirp4netns >/dev/null 2>&1 || need+=(slirp4netns)
+  command -v netavark >/dev/null 2>&1 || [ -x /usr/lib/podman/netavark ] || need+=(netavark)
+  [ -x /usr/lib/podman/aardvark-dns ] || command -v aardvark-dns >/dev/null 2>&1 || need+=(aardvark-dns)
+  [ -x /usr/libexec/podman/catatonit ] || command -v catatonit >/dev/null 2>&1 || need+=(catatonit)
+  command -v runc >/dev/null 2>&1 || need+=(runc)  # crun refuses this host's hybrid cgroup v1 set-ups; runc does not
+  if [ ${#need[@]} -gt 0 ]; then
+    log "installing ${need[*]} (podman)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/tmp/harbor-gym-podman-apt.log 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/tmp/harbor-gym-podman-apt.log 2>&1; } \
+      || { tail -20 /tmp/harbor-gym-podman-apt.log >&2; return 1; }
+  fi
+  # Engine settings of our own in a drop-in (no other file of podman's is touched): no systemd here (cgroupfs, file
+  # events), netavark (never CNI), runc, exec sessions cleaned up 10 s after they end (podman's default keeps a
+  # conmon per finished exec for 5 minutes). Without CAP_SYS_RESOURCE (some VMs) podman's default rlimits cannot
+  # be set, so the host's own hard limits are given (nproc at most pid_max, where podman itself caps it).
+  mkdir -p /etc/containers/containers.conf.d
+  local ulimits=""
+  if [ $(( 0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24 & 1 )) -eq 0 ]; then
+    local nofile nproc
+    nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
+    [ "$nproc" = unlimited ] || [ "$nproc" -gt "$(cat /proc/sys/kernel/pid_max)" ] && nproc=$(cat /proc/sys/kernel/pid_max)
+    ulimits="default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]"
+  fi
+  cat >/etc/containers/containers.conf.d/50-harbor-gym.conf.tmp <<CONF
+$podman_marker (podman for harbor_gym).
+[containers]
+$ulimits
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+network_backend = "netavark"
+runtime = "runc"
+exit_command_delay = 10
+CONF
+  mv /etc/containers/containers.conf.d/50-harbor-gym.conf.tmp /etc/containers/containers.conf.d/50-harbor-gym.conf
+  # Rootful store: btrfs on a loop file with simple quotas, as the Docker engine's, so `storage-opt size` binds.
+  ( engine_root=$podman_root; engine_img=$podman_root.btrfs; HARBOR_GYM_ENGINE_FS_GB=${HARBOR_GYM_PODMAN_FS_GB:-32}
+    ensure_engine_fs && ensure_engine_quota ) || return 1
+  if [ ! -f /etc/containers/storage.conf ] || grep -q "^$podman_marker" /etc/containers/storage.conf; then
+    if grep -q " $podman_root btrfs " /proc/mounts; then
+      printf '%s\n[storage]\ndriver = "btrfs"\ngraphroot = "%s/storage"\nrunroot = "/run/containers/storage"\n' \
+        "$podman_marker (rootful podman's store)." "$podman_root" >/etc/containers/storage.conf
+    fi
+  else
+    log "/etc/containers/storage.conf is not ours: left as it is (harbor_gym refuses storage bounds podman cannot apply)"
+  fi
+  # Rootless: an unprivileged user with subordinate ids, a hand-made XDG_RUNTIME_DIR (no logind here), its own store
+  # (native overlay in the user namespace, under /var/lib/harbor-gym) and /dev/net/tun usable (its usual mode 0666)
+  # for slirp4netns.
+  id -u "$podman_user" >/dev/null 2>&1 || useradd --create-home --shell /usr/sbin/nologin --comment "harbor_gym rootless podman" "$podman_user"
+  local uid home
+  uid=$(id -u "$podman_user"); home=$(getent passwd "$podman_user" | cut -d: -f6)
+  for f in /etc/subuid /etc/subgid; do
+    grep -q "^$podman_user:" "$f" 2>/dev/null && continue
+    local start
+    start=$(awk -F: 'BEGIN {m = 100000} {if ($2 + $3 > m) m = $2 + $3} END {print m}' "$f" 2>/dev/null || echo 100000)
+    log "giving $podman_user subordinate ids $start-$((start + 65535)) in $f"
+    if [ "$f" = /etc/subuid ]; then usermod --add-subuids "$start-$((start + 65535))" "$podman_user"
+    else usermod --add-subgids "$start-$((start + 65535))" "$podman_user"; fi
+  done
+  install -d -m 0700 -o "$podman_user" -g "$podman_user" "/run/user/$uid" "/run/user/$uid/podman"
+  install -d -m 0755 /var/lib/harbor-gym/rootless-podman
+  install -d -m 0700 -o "$podman_user" -g "$podman_user" "$home/.config" "$home/.config/containers" \
+    "/var/lib/harbor-gym/rootless-podman/$podman_user"
+  printf '%s\n[storage]\ndriver = "overlay"\ngraphroot = "/var/lib/harbor-gym/rootless-podman/%s/storage"\n' \
+    "$podman_marker (rootless podman's store)." "$podman_user" >"$home/.config/containers/storage.conf"
+  chown "$podman_user:" "$home/.config/containers/storage.conf"
+  [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" != 666 ] && chmod 0666 /dev/net/tun
+  as_user() { (cd / && runuser -u "$podman_user" -- env XDG_RUNTIME_DIR="/run/user/$uid" HOME="$home" "$@"); }
+  # The local base image in both stores (podman, rootful and rootless, has no registry either).
+  if ! podman image exists "$base_image" 2>/dev/null; then
+    log "importing $base_image into rootful podman's store"
+    docker save "$base_image" | podman load -q >/dev/null || return 1
+  fi
+  if ! as_user podman image exists "$base_image" 2>/dev/null; then
+    log "importing $base_image into $podman_user's rootless podman store"
+    docker save "$base_image" | as_user podman load -q >/dev/null 2>&1 || return 1
+  fi
+  podman run --rm --network none "$base_image" true >/dev/null 2>&1 || { log "rootful podman cannot run a container"; return 1; }
+  as_user podman run --rm --network none "$base_image" true >/dev/null 2>&1 || { log "rootless podman cannot run a container"; return 1; }
+  log "podman ready ($(podman version --format '{{.Client.Version}}'): rootful store $(podman info --format '{{.Store.GraphDriverName}}'), rootless as $podman_user, XDG_RUNTIME_DIR=/run/user/$uid)"
+}
+if [ "${HARBOR_GYM_SKIP_PODMAN:-0}" = 1 ]; then
+  log "podman skipped (HARBOR_GYM_SKIP_PODMAN=1)"
+elif [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  log "podman not set up (needs root and apt-get)"
+else
+  set +e; (set -e; setup_podman); podman_rc=$?; set -e  # (set -e holds inside only outside a tested context)
+  [ "$podman_rc" -eq 0 ] || log "podman set-up FAILED (the Docker engine's set-up is unaffected; the podman tests will fail under CI=true)"
 fi
 
 # --- Settings: explicit aliases and pull policy ------------------------------------------------------------

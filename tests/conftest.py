@@ -1,6 +1,6 @@
-"""Shared test set-up: markers for tests that need real Docker or bubblewrap, and leak checks.
+"""Shared test set-up: markers for tests that need real Docker, podman or bubblewrap, and leak checks.
 
-A test marked ``docker`` (or ``bwrap``) is skipped with a clear reason where the engine (or bubblewrap and the local
+A test marked ``docker`` (or ``podman``, ``bwrap``) is skipped with a clear reason where the engine (or bubblewrap and the local
 base rootfs) is missing, but under ``CI=true`` a missing one is a failure: CI has them and must run every test.
 """
 
@@ -51,9 +51,41 @@ def bwrap_unavailable_reason() -> str | None:
     return None
 
 
+#: The unprivileged user rootless podman runs as (scripts/setup-host.sh makes it).
+PODMAN_USER = os.environ.get("HARBOR_GYM_PODMAN_USER", "hgpodman")
+
+
+@functools.lru_cache(maxsize=1)
+def podman_unavailable_reason() -> str | None:
+    """None when podman is installed with the local base image in its rootful store and in the rootless user's
+    (`PODMAN_USER`, with its XDG_RUNTIME_DIR), else why not. Starts no service (the tests' fixtures do)."""
+    import pwd
+    import subprocess
+
+    if shutil.which("podman") is None:
+        return "podman is not installed; run scripts/setup-host.sh"
+    if os.geteuid() != 0:
+        return "the podman tests drive rootful podman and the rootless user's service: they need root"
+    try:
+        user = pwd.getpwnam(PODMAN_USER)
+    except KeyError:
+        return f"the rootless podman user {PODMAN_USER} does not exist; run scripts/setup-host.sh"
+    runtime = f"/run/user/{user.pw_uid}"
+    if not os.path.isdir(runtime):
+        return f"{runtime} (the rootless user's XDG_RUNTIME_DIR) is missing; run scripts/setup-host.sh"
+    for who, argv in (("rootful", ["podman", "image", "exists", BASE_IMAGE]),
+                      ("rootless", ["runuser", "-u", PODMAN_USER, "--", "env", f"XDG_RUNTIME_DIR={runtime}",
+                                    f"HOME={user.pw_dir}", "podman", "image", "exists", BASE_IMAGE])):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
+        if done.returncode != 0:
+            return f"{who} podman lacks {BASE_IMAGE} ({done.stderr.strip()[-200:]}); run scripts/setup-host.sh"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for marker, probe in (("docker", docker_unavailable_reason), ("bwrap", bwrap_unavailable_reason)):
+        for marker, probe in (("docker", docker_unavailable_reason), ("bwrap", bwrap_unavailable_reason),
+                              ("podman", podman_unavailable_reason)):
             if item.get_closest_marker(marker) is None:
                 continue
             reason = probe()
@@ -69,6 +101,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def _fail_missing_docker():
     pytest.fail(f"CI=true but {docker_unavailable_reason()}")
+
+
+@pytest.fixture
+def _fail_missing_podman():
+    pytest.fail(f"CI=true but {podman_unavailable_reason()}")
 
 
 @pytest.fixture
@@ -90,3 +127,60 @@ def docker_client():
 def envs_dir() -> Path:
     """The repository's example task folders."""
     return ENVS_DIR
+
+
+@pytest.fixture(scope="session")
+def podman_rootful():
+    """The process's podman client, as harbor_gym makes it: the rootful socket found, else harbor_gym's own
+    service started (it stops by itself once this process is gone and nothing is left to reap)."""
+    from harbor_gym.sandbox._podman import podman_client
+
+    return podman_client()
+
+
+@pytest.fixture(scope="session")
+def podman_rootless():
+    """A client of rootless podman as the unprivileged user `PODMAN_USER` runs it, driven from root through its
+    socket (issue 17 item 2): harbor_gym's own service supervisor (`harbor_gym.sandbox._podman_service`, pure
+    standard library, run by the system's python3 as that user) on the user's ``$XDG_RUNTIME_DIR/harbor-gym/
+    podman/podman.sock``, kept alive by this process's share of its users lock. At the end the share is dropped
+    and the supervisor must stop the service by itself (nothing leased is left by then)."""
+    import fcntl
+    import pwd
+    import subprocess
+    import time
+
+    from harbor_gym.sandbox import _podman_service
+    from harbor_gym.sandbox._podman import client_for
+
+    user = pwd.getpwnam(PODMAN_USER)
+    runtime = f"/run/user/{user.pw_uid}"
+    folder = f"{runtime}/harbor-gym/podman"
+    socket = f"{folder}/podman.sock"
+    subprocess.run(["runuser", "-u", PODMAN_USER, "--", "mkdir", "-p", "-m", "0700", folder], check=True, cwd="/")
+    users = os.open(f"{folder}/{_podman_service.USERS_LOCK}", os.O_RDWR | os.O_CREAT, 0o600)
+    os.chown(f"{folder}/{_podman_service.USERS_LOCK}", user.pw_uid, user.pw_gid)
+    fcntl.flock(users, fcntl.LOCK_SH)
+    supervisor = subprocess.Popen(
+        ["runuser", "-u", PODMAN_USER, "--", "env", f"XDG_RUNTIME_DIR={runtime}", f"HOME={user.pw_dir}",
+         "/usr/bin/python3", _podman_service.__file__, "--socket", socket, "--podman", shutil.which("podman")],
+        cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _podman_service.answers(socket):
+            if time.monotonic() > deadline or supervisor.poll() is not None:
+                raise RuntimeError(f"the rootless podman service did not start: {supervisor.stderr.read()[-500:]}")
+            time.sleep(0.2)
+        client = client_for(f"unix://{socket}", how="the rootless user's harbor_gym service")
+        yield client
+        client.close()
+        os.close(users)  # the last user leaves: the supervisor stops the service once nothing leased is left
+        users = -1
+        supervisor.wait(120)
+        assert not os.path.exists(socket), "the supervisor left its socket behind"
+    finally:
+        if users >= 0:
+            os.close(users)
+        if supervisor.poll() is None:
+            supervisor.terminate()
+            supervisor.wait(30)

@@ -130,8 +130,10 @@ class _SeedPhase:
             SeedRefusedError: naming why and what the engine needs (never retried).
             SandboxUnavailableError: the engine does not answer (an outage: the caller retries).
         """
-        if self._backend_name() != "docker":
+        backend = self._backend_name()
+        if backend not in ("docker", "podman"):
             return
+        from harbor_gym.sandbox import engine_client
         specs = [spec]
         for step, mode in zip(self.task.steps, self._modes):
             if mode == "separate":
@@ -139,11 +141,13 @@ class _SeedPhase:
                                            default_storage_mb=self.config.default_storage_mb,
                                            default_memory_mb=self.config.default_memory_mb,
                                            host_env_allowlist=self.config.host_env_allowlist)[0])
+        if backend == "podman":
+            self._podman_limit_refusals(specs, engine_client(backend))
         sized = [s for s in specs if s.storage_mb is not None]
         if sized or (getattr(self.task, "compose", None) is not None and self.config.default_storage_mb is not None):
-            from harbor_gym.sandbox._engine import get_client, storage_support
+            from harbor_gym.sandbox._engine import storage_support
 
-            support = storage_support(get_client())
+            support = storage_support(engine_client(backend))
             if not support.supported:
                 field = "environment.storage_mb" if self.task.config.environment.storage_mb is not None else \
                     "EnvConfig.default_storage_mb"
@@ -153,10 +157,10 @@ class _SeedPhase:
                     "(scripts/setup-host.sh does), or lift the bound with EnvConfig(default_storage_mb=None) for a "
                     "task that sets no storage_mb", path=self.task.path / "task.toml", field=field, rule="GYM-10")
         if any(s.network for s in specs) or not self._main_from_factory():  # a group's bridge needs the filter too
-            from harbor_gym.sandbox._engine import get_client
-            from harbor_gym.sandbox._netfilter import REACHABLE_WITHOUT_FILTER, public_network
+            from harbor_gym.sandbox._netfilter import REACHABLE_WITHOUT_FILTER
+            from harbor_gym.sandbox._podman_net import public_network
 
-            net = public_network(get_client())
+            net = public_network(engine_client(backend))
             if not net.filtered:
                 if self.config.unfiltered_network == "refuse":
                     raise SeedRefusedError(
@@ -167,6 +171,35 @@ class _SeedPhase:
                         field="environment.network_mode", rule="GYM-10")
                 _log.warning("%s: public network unfiltered (%s); its sandbox reaches %s", self.task.id,
                              net.unfiltered_reason, REACHABLE_WITHOUT_FILTER)
+
+    def _podman_limit_refusals(self, specs: list[SandboxSpec], client: Any) -> None:
+        """LOAD-24 on podman, before any sandbox starts: a ``cpus`` or ``memory_mb`` (the task's, the default memory
+        bound, a compose service's size) that the engine cannot apply (rootless podman on cgroup v1) is refused,
+        naming the field and the fix; ``pids_limit`` is not applied there (logged once, README "Podman")."""
+        from harbor_gym.sandbox import _podman
+
+        engine = _podman.engine_of(client)
+        if engine is None:
+            return
+        env = self.task.config.environment
+        compose = getattr(self.task, "compose", None)
+        sizes = [s.size() for s in compose.services] if compose is not None else []
+        wanted = {"cpus": any(s.cpus is not None for s in specs) or any(z.cpus is not None for z in sizes),
+                  "memory_mb": any(s.memory_mb is not None for s in specs)
+                  or any(z.memory_bytes is not None for z in sizes)}
+        for field, asked in wanted.items():
+            if not asked or engine.can_limit(field):
+                continue
+            if field == "memory_mb" and env.memory_mb is None and self.config.default_memory_mb is not None:
+                where, fix = "EnvConfig.default_memory_mb", "lift the default with EnvConfig(default_memory_mb=None)"
+            else:
+                where, fix = f"environment.{field}", "run it on rootful podman, Docker or a cgroup v2 host"
+            raise SeedRefusedError(
+                f"{field} cannot be applied on {engine.describe()} (it has no "
+                f"'{_podman.LIMIT_CONTROLLERS[field]}' cgroup controller for its containers); {fix}",
+                path=self.task.path / "task.toml", field=where, rule="LOAD-24")
+        for s in specs:
+            _podman.warn_unapplied(s, engine)
 
     def _seed_once(self, spec: SandboxSpec, plan: SeedPlan) -> None:
         """Start and seed the agent sandbox (GYM-2). A factory with ``claim_prepared`` (a warm pool) hands out one

@@ -184,11 +184,11 @@ def seed_refusals(task: Task, config: EnvConfig, agent: Any, *, backend: str, se
             raise SeedRefusedError(f"{table.gpus} GPU(s) requested but the {backend!r} provider has no GPUs (only "
                                    "Docker with a GPU runtime passes them through)", path=toml,
                                    field=f"{where}.gpus", rule="LOAD-24")
-    if backend != "docker":
+    if backend not in ("docker", "podman"):  # both take a user as Docker's API does
         for step in task.steps:
             if step.agent_user and ":" in step.agent_user:
                 raise SeedRefusedError(f"agent user {step.agent_user!r} of the form name:group needs the Docker "
-                                       f"provider, not {backend!r}", path=toml, field=f"steps.{step.name}.agent.user",
+                                       f"(or podman) provider, not {backend!r}", path=toml, field=f"steps.{step.name}.agent.user",
                                        rule="LOAD-21")
     if continue_:
         if not supports_continue(agent):

@@ -1,10 +1,11 @@
 """harbor_gym.sandbox: where commands run. `open` a `Sandbox` for a `SandboxSpec` on a backend.
 
-Backends: ``docker`` (`DockerSandbox`, the Docker engine through the SDK) and ``local`` (bubblewrap over an unpacked
+Backends: ``docker`` (`DockerSandbox`, the Docker engine through the SDK), ``podman`` (`PodmanSandbox`, podman through
+its Docker-compatible API with the same SDK; never chosen by ``auto``) and ``local`` (bubblewrap over an unpacked
 root filesystem, `harbor_gym.sandbox.local.LocalSandbox`, imported lazily). ``backend`` is the one name of this
 choice everywhere (this API, ``EnvConfig.backend``, the CLI): ``"auto"`` takes docker when an engine answers, else
 local.
-Compose groups (a task's ``main`` with its sidecars): `open_group` / `ComposeGroup` (docker only, COMPOSE-2).
+Compose groups (a task's ``main`` with its sidecars): `open_group` / `ComposeGroup` (docker and podman, COMPOSE-2).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ __all__ = [
     "open",
     "create",
     "choose_backend",
+    "engine_client",
     "BACKENDS",
+    "ENGINE_BACKENDS",
     "Sandbox",
     "SandboxSpec",
     "SandboxSettings",
@@ -51,7 +54,9 @@ __all__ = [
 log = logging.getLogger("harbor_gym.sandbox")
 
 #: The backend names ``backend=`` accepts.
-BACKENDS = ("auto", "docker", "local")
+BACKENDS = ("auto", "docker", "podman", "local")
+#: The backends that run containers through the Docker SDK (an engine's client; compose groups).
+ENGINE_BACKENDS = ("docker", "podman")
 
 _choice_lock = threading.Lock()
 _auto_choice: str | None = None
@@ -59,7 +64,8 @@ _auto_choice: str | None = None
 
 def choose_backend(backend: str = "auto") -> str:
     """The concrete backend for ``backend``: ``"auto"`` -> ``"docker"`` if a Docker engine answers a ping (asked
-    once per process), else ``"local"``; logs the choice at INFO. ``"docker"``/``"local"`` are returned as given.
+    once per process), else ``"local"``; logs the choice at INFO. ``"docker"``/``"podman"``/``"local"`` are
+    returned as given.
 
     Raises:
         SandboxUnavailableError: an unknown backend name.
@@ -81,6 +87,24 @@ def choose_backend(backend: str = "auto") -> str:
         return _auto_choice
 
 
+def engine_client(backend: str):
+    """The Docker SDK client of an engine backend: the process's Docker client (``docker``) or podman's
+    (``podman``, `harbor_gym.sandbox._podman.podman_client`).
+
+    Raises:
+        SandboxUnavailableError: ``backend`` is not an engine backend, or its engine is not there.
+    """
+    from harbor_gym.sandbox._engine import get_client
+
+    if backend == "podman":
+        from harbor_gym.sandbox._podman import podman_client
+
+        return podman_client()
+    if backend == "docker":
+        return get_client()
+    raise SandboxUnavailableError(f"backend {backend!r} has no engine client", field="backend")
+
+
 def _default_settings() -> SandboxSettings:
     from harbor_gym.config import EnvConfig
 
@@ -97,6 +121,10 @@ def create(spec: SandboxSpec, *, backend: str = "auto", settings: SandboxSetting
     settings = settings or _default_settings()
     if chosen == "docker":
         return DockerSandbox(spec, settings)
+    if chosen == "podman":
+        from harbor_gym.sandbox.podman_backend import PodmanSandbox
+
+        return PodmanSandbox(spec, settings)
     try:
         local = importlib.import_module("harbor_gym.sandbox.local")
     except ModuleNotFoundError as exc:

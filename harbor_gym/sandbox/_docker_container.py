@@ -12,12 +12,13 @@ spoofing guard right after start, before any command runs (`_netfilter.bind_cont
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
 from harbor_gym.errors import SandboxUnavailableError
 from harbor_gym.sandbox._gpus import GPU_RUNTIME, device_requests, gpu_runtime
-from harbor_gym.sandbox import _netfilter, _reaper, images
+from harbor_gym.sandbox import _netfilter, _podman, _podman_net, _reaper, images
 from harbor_gym.sandbox import lease as leases
 from harbor_gym.sandbox._engine import storage_driver_support, storage_support, translate_error
 from harbor_gym.sandbox.base import MANAGED_LABEL, RUN_LABEL, SandboxSettings, SandboxSpec, SandboxState
@@ -81,6 +82,24 @@ def build_host_config(spec: SandboxSpec, *, public_network: str = "bridge",
     return host_config
 
 
+def _podman_refusals(sandbox: Any) -> None:
+    """LOAD-24 on podman: refuse the ``cpus``/``memory_mb`` (a compose service's memory too) its engine cannot
+    apply; log once that ``pids_limit`` is not applied there (`harbor_gym.sandbox._podman`). No-op on Docker."""
+    engine = _podman.engine_of(sandbox.client)
+    if engine is None:
+        return
+    spec = sandbox.spec
+    memory = getattr(sandbox, "_memory_bytes", None)  # a sidecar's compose size (COMPOSE-2)
+    if memory is not None and spec.memory_mb is None:
+        spec = dataclasses.replace(spec, memory_mb=max(1, memory >> 20))
+    refused = _podman.limit_refusals(spec, engine)
+    if refused:
+        raise SandboxUnavailableError(f"sandbox {sandbox.name}: {'; '.join(refused)}",
+                                      field="cpus" if refused[0].startswith("cpus") else "memory_mb",
+                                      rule="LOAD-24")
+    _podman.warn_unapplied(spec, engine)
+
+
 class DockerContainerMixin:
     """Start-time container work of `DockerSandbox`: refusals (LOAD-24, GYM-10), image, labels, create, start."""
 
@@ -106,6 +125,7 @@ class DockerContainerMixin:
             raise SandboxUnavailableError(
                 f"sandbox {self.name}: gpus={spec.gpus} requested but this Docker engine has no GPU runtime "
                 f"('{GPU_RUNTIME}' is not among its runtimes)", field="gpus", rule="LOAD-24")
+        _podman_refusals(self)
         if spec.storage_mb is not None:
             support = storage_support(self.client)
             if not support.supported:
@@ -156,7 +176,7 @@ class DockerContainerMixin:
     def _public_network(self) -> str:
         """GYM-10: the shared, host-filtered network; where the filter cannot be installed, refused unless
         ``settings.unfiltered_network`` is ``"allow"`` (the episode refuses such tasks at seed already)."""
-        net = _netfilter.public_network(self.client)
+        net = _podman_net.public_network(self.client)  # Docker's (`_netfilter`), or podman's own
         if not net.filtered and getattr(self.settings, "unfiltered_network", "refuse") != "allow":
             raise SandboxUnavailableError(
                 f"sandbox {self.name}: a public network cannot be filtered from the host here "
@@ -221,11 +241,13 @@ class DockerContainerMixin:
                 _netfilter.forget(self.client)  # removed meanwhile (gc while unused): create it again, once
                 _netfilter.proxy_network(self.client)
                 return self._create_once(api, labels, host_config)
-            if not self.spec.network or _netfilter.PUBLIC_NETWORK not in str(exc):
+            if not self.spec.network or not any(n in str(exc) for n in (_netfilter.PUBLIC_NETWORK,
+                                                                        _podman_net.PUBLIC_NETWORK)):
                 raise
             # the shared network was removed meanwhile (gc while unused): create it again, once
             _netfilter.forget(self.client)
-            _netfilter.public_network(self.client)
+            _podman_net.forget(self.client)
+            _podman_net.public_network(self.client)
             return self._create_once(api, labels, host_config)
 
     def _create_once(self, api: Any, labels: dict[str, str], host_config: dict[str, Any]) -> dict:

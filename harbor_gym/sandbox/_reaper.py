@@ -34,7 +34,9 @@ removed by lease (``harbor-gym gc`` still removes the resources of dead runs of 
 
 Engines: the socket mounted into the reaper is the engine host's ``/var/run/docker.sock``, or the path of a
 ``unix://`` ``DOCKER_HOST``, or ``HARBOR_GYM_REAPER_SOCKET``; a remote engine (``tcp://``, ``ssh://``) is reached
-the same way, since the reaper runs on it.
+the same way, since the reaper runs on it. On podman the socket's folder is mounted (`_podman.reaper_mount`: a
+service restarted on the same path makes a new socket file), and a reaper whose folder is not the current
+socket's is recreated.
 """
 
 from __future__ import annotations
@@ -103,7 +105,10 @@ def reaper_socket() -> str:
 
 
 def _engine_key(client: "docker.DockerClient") -> str:
-    return str(getattr(client.api, "base_url", "")) + "|" + os.environ.get("DOCKER_HOST", "")
+    # Every unix:// client has the same base_url: the socket path tells two local engines (Docker, podman) apart.
+    adapter = getattr(client.api, "_custom_adapter", None)
+    return (str(getattr(client.api, "base_url", "")) + "|" + str(getattr(adapter, "socket_path", "")) + "|"
+            + os.environ.get("DOCKER_HOST", ""))
 
 
 def _tar(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
@@ -175,9 +180,16 @@ def _ensure_running(client: "docker.DockerClient", settings: SandboxSettings) ->
     import docker.errors
 
     api = client.api
+    from harbor_gym.sandbox import _podman
+
     try:
         attrs = api.inspect_container(REAPER_NAME)
     except docker.errors.NotFound:
+        _create(client, settings)
+        attrs = api.inspect_container(REAPER_NAME)
+    if not _podman.reaper_mount_current(client, attrs):  # podman's socket moved since: a reaper that reaches it
+        log.info("lease reaper %s: podman's socket moved; recreating it", REAPER_NAME)
+        api.remove_container(REAPER_NAME, force=True)
         _create(client, settings)
         attrs = api.inspect_container(REAPER_NAME)
     state = attrs.get("State") or {}
@@ -222,11 +234,15 @@ def _create(client: "docker.DockerClient", settings: SandboxSettings) -> None:
     from harbor_gym.sandbox import images
     from harbor_gym.sandbox.base import SandboxSpec
 
+    from harbor_gym.sandbox import _podman
+
     image = images.ensure_image(client, SandboxSpec(image=REAPER_IMAGE, name_hint="reaper"), settings)
     api = client.api
+    binds, environment = _podman.reaper_mount(client) or (
+        {reaper_socket(): {"bind": _reaper_script.SOCKET, "mode": "rw"}}, {})
     host_config = api.create_host_config(
         restart_policy={"Name": "unless-stopped"},
-        binds={reaper_socket(): {"bind": _reaper_script.SOCKET, "mode": "rw"}},
+        binds=binds,
         network_mode="none",
         init=True,
         mem_limit="128m",
@@ -236,7 +252,7 @@ def _create(client: "docker.DockerClient", settings: SandboxSettings) -> None:
     try:
         api.create_container(image.id, command=["python3", "-u", _SCRIPT_PATH], entrypoint=[], name=REAPER_NAME,
                              labels={REAPER_LABEL: _VERSION}, user="0", working_dir="/", host_config=host_config,
-                             environment={"HARBOR_GYM_REAPER_NAME": REAPER_NAME})
+                             environment={"HARBOR_GYM_REAPER_NAME": REAPER_NAME, **environment})
     except docker.errors.APIError as exc:
         if exc.status_code == 409:  # another process made it
             return

@@ -47,7 +47,8 @@ TTL_LABEL = "io.harbor-gym.lease-ttl"
 DEFAULT_TTL_S = 60.0
 LEASES = "/leases"
 STARTED = "/reaper-started"
-SOCKET = "/var/run/docker.sock"
+#: The engine's socket inside this container (podman's is mounted with its folder, so a restarted service is seen).
+SOCKET = os.environ.get("HARBOR_GYM_REAPER_ENGINE_SOCKET", "/var/run/docker.sock")
 POLL_S = float(os.environ.get("HARBOR_GYM_REAPER_POLL_S", "2"))
 #: Allowance for a renewal delayed by a loaded engine (see the module docstring).
 LATENCY_S = 10.0

@@ -207,7 +207,7 @@ class Sandbox(Protocol):
     All paths are absolute paths inside the sandbox. Every call that may block takes a bound.
     """
 
-    #: ``"docker"`` or ``"local"``.
+    #: ``"docker"``, ``"podman"`` or ``"local"``.
     backend: str
     #: A unique, readable name (container name, or the local sandbox's id).
     name: str

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from harbor_gym.errors import SandboxError, SandboxPathError
 from harbor_gym.sandbox import _docker_exec as dx
+from harbor_gym.sandbox import _podman
 from harbor_gym.sandbox import images, lease as leases
 from harbor_gym.sandbox._docker_container import TTL_LABEL, DockerContainerMixin, storage_limit_supported
 from harbor_gym.sandbox._docker_files import DockerFilesMixin
@@ -227,7 +228,8 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
             listed = self.client.api.containers(all=True, size=True, filters={"id": self.container_id})
         except Exception as exc:  # an engine that does not answer says nothing of the sandbox's storage
             log.debug("sandbox %s: storage size unknown: %s", self.name, exc)
-            return False
+            # podman's size listing fails outright for a btrfs layer over its quota: ask the filesystem instead
+            return _podman.is_podman(self.client) and self.is_alive() and self._write_fails_for_space()
         finally:
             self._count()
         if not listed:

@@ -33,12 +33,13 @@ def refuse_groups(compose: "ComposeFile", backend: str) -> None:
     """Raise unless ``backend`` (a concrete name, see `harbor_gym.sandbox.choose_backend`) can run groups.
 
     Raises:
-        SandboxUnavailableError: ``backend`` is not ``docker`` (COMPOSE-2), naming the compose file.
+        SandboxUnavailableError: ``backend`` is neither ``docker`` nor ``podman`` (COMPOSE-2), naming the compose
+            file.
     """
-    if backend != "docker":
+    if backend not in ("docker", "podman"):
         raise SandboxUnavailableError(
             f"this task's environment is a compose group ({len(compose.services)} services: "
-            f"{', '.join(compose.service_names)}), which the {backend!r} backend cannot run; use the docker "
+            f"{', '.join(compose.service_names)}), which the {backend!r} backend cannot run; use the docker or podman "
             "backend (a provider that cannot run groups refuses at seed)",
             path=compose.path, field="backend", rule="COMPOSE-2")
 
@@ -66,8 +67,14 @@ def open_group(
     """
     from harbor_gym.sandbox import _default_settings, choose_backend
 
-    refuse_groups(compose, choose_backend(backend))
-    group = ComposeGroup(compose, settings=settings or _default_settings(), main_spec=main_spec,
+    chosen = choose_backend(backend)
+    refuse_groups(compose, chosen)
+    client = None
+    if chosen == "podman":
+        from harbor_gym.sandbox import engine_client
+
+        client = engine_client(chosen)
+    group = ComposeGroup(compose, settings=settings or _default_settings(), main_spec=main_spec, client=client,
                          network=network, labels=labels, name_hint=name_hint, build_timeout_s=build_timeout_s,
                          start_timeout_s=start_timeout_s, sidecar_storage_mb=sidecar_storage_mb)
     group.start()  # stops itself on any failure

@@ -154,12 +154,12 @@ class ServiceSandbox(DockerSandbox):
         )
         for mount in copies:
             self._copy_in(api, created["Id"], mount.source, mount.target)
-        from harbor_gym.sandbox import _netfilter
+        from harbor_gym.sandbox import _netfilter, _podman_net
 
         # GYM-10: egress only through the shared, host-filtered network; without a network, a host service's port
         # only through the proxy network (harbor_gym.sandbox.host_route)
         if self.spec.network or self.spec.host_service_port is not None:
-            net = (_netfilter.public_network if self.spec.network else _netfilter.proxy_network)(self.client)
+            net = (_podman_net.public_network if self.spec.network else _netfilter.proxy_network)(self.client)
             try:
                 api.connect_container_to_network(created["Id"], net.name)
                 self._count()

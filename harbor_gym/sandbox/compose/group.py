@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import _reaper, lease as leases
-from harbor_gym.sandbox import _netfilter
+from harbor_gym.sandbox import _netfilter, _podman, _podman_net
 from harbor_gym.sandbox._engine import get_client, translate_error
 from harbor_gym.sandbox.base import (
     MANAGED_LABEL,
@@ -207,7 +207,7 @@ class ComposeGroup:
         labels = self._resource_labels(lease)
         api = self.client.api
         # GYM-10: the host rules that keep every group bridge (hgg-+) and the public one off the host
-        net = _netfilter.public_network(self.client)
+        net = _podman_net.public_network(self.client)  # Docker's (`_netfilter`), or podman's own
         if not net.filtered and getattr(self.settings, "unfiltered_network", "refuse") != "allow":
             raise SandboxUnavailableError(
                 f"group {self.name}: its network cannot be filtered from the host here ({net.unfiltered_reason}); "
@@ -215,7 +215,7 @@ class ComposeGroup:
         try:
             self._network_id = api.create_network(
                 self.name, driver="bridge", internal=True, labels=labels,
-                options={"com.docker.network.bridge.name": _netfilter.group_bridge_name()},
+                options={"com.docker.network.bridge.name": _podman_net.group_bridge_name(self.client)},
                 check_duplicate=True)["Id"]
             for volume in self.compose.volumes:
                 docker_name = f"{self.name}_{volume}"
@@ -292,7 +292,12 @@ class ComposeGroup:
         name = member.service.name
         where = f"services.{name}.healthcheck"
         deadline = time.monotonic() + self.start_timeout_s
+        check = member.service.healthcheck
+        drive = _podman.healthcheck_driver(self.client, member.container_id,
+                                           check.interval_s if check is not None else 1.0)  # None on Docker
         while True:
+            if drive is not None:
+                drive()
             try:
                 attrs = self.client.api.inspect_container(member.container_id)
             except Exception as exc:

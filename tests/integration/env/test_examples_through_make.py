@@ -9,7 +9,7 @@ import harbor_gym  # noqa: F401  (registers the ids)
 from harbor_gym.agents import Oracle
 from harbor_gym.wrappers import RewardRollup
 
-from env_helpers import DOCKER, solution_script, solution_scripts
+from env_helpers import DOCKER, labelled_containers, solution_script, solution_scripts
 
 pytestmark = pytest.mark.docker
 
@@ -34,10 +34,12 @@ def run_episode(env, actions):
     return steps
 
 
+@pytest.mark.parametrize("backend", ["docker", pytest.param("podman", marks=pytest.mark.podman)])
 @pytest.mark.parametrize("example", sorted(ORACLE_TURNS))
-def test_gym_6_oracle_through_make_scores_every_turn(example, no_leaks):
-    # SPEC: GYM-3, GYM-6, GYM-7, GYM-8, ORACLE-1
-    env = gymnasium.make(f"harbor_gym/{example}-v0", config=DOCKER)
+def test_gym_6_oracle_through_make_scores_every_turn(example, backend, no_leaks, request):
+    # SPEC: GYM-3, GYM-6, GYM-7, GYM-8, ORACLE-1; issue 17 item 2: the same on rootful podman
+    podman = request.getfixturevalue("podman_rootful") if backend == "podman" else None
+    env = gymnasium.make(f"harbor_gym/{example}-v0", config={**DOCKER, "backend": backend})
     try:
         names = ORACLE_TURNS[example]
         steps = run_episode(env, [Oracle()] * len(names))
@@ -60,6 +62,8 @@ def test_gym_6_oracle_through_make_scores_every_turn(example, no_leaks):
     finally:
         env.close()
         env.close()  # idempotent (GYM-7)
+    if podman is not None:
+        assert labelled_containers(podman) == [], "podman containers left behind"
 
 
 @pytest.mark.parametrize("example", ["cake", "notes-pipeline"])
