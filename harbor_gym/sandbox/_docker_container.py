@@ -190,7 +190,7 @@ class DockerContainerMixin:
 
     def _guarded(self) -> bool:
         """True iff the host filter and spoofing guard are installed (else the network runs unfiltered, allowed)."""
-        return _netfilter.public_network(self.client).filtered
+        return _podman_net.public_network(self.client).filtered  # Docker's, or podman's own (never Docker's there)
 
     def _host_route(self) -> str:
         """The network through which the spec's ``host_service_port`` is reached (GYM-10): refused unless the host

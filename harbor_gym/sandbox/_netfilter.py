@@ -180,6 +180,12 @@ def _cached(client: "docker.DockerClient", name: str, options: dict[str, str], *
         known = _known.get(key)
         if known is not None:
             return known, False
+        from harbor_gym.sandbox import _podman
+
+        if _podman.is_podman(client):
+            # podman's netavark/CNI would make a bridge of Docker's fixed name, which takes Docker's own away
+            raise SandboxError(f"refusing to create Docker's network {name} on a podman engine (podman's networks "
+                               "are harbor_gym.sandbox._podman_net's)", field="network", rule="GYM-10")
         net = _ensure(client, name, options, internal=internal)
         _known[key] = net
     return net, True
@@ -278,6 +284,8 @@ def bind_container(client: "docker.DockerClient", container_id: str) -> list[_sp
     networks = settings.get("Networks") or {}
     if not netns or not os.path.exists(netns):
         netns = f"/proc/{int((attrs.get('State') or {}).get('Pid') or 0)}/ns/net"
+    from harbor_gym.sandbox import _podman_net  # podman's bridges are bound alike (it imports this module)
+
     peers = _spoofguard.netns_ports(netns)
     made: list[_spoofguard.Binding] = []
     try:
@@ -289,14 +297,15 @@ def bind_container(client: "docker.DockerClient", container_id: str) -> list[_sp
                 raise SandboxUnavailableError(f"the spoofing guard found no interface of MAC {mac} (network {name}) "
                                               "in the container", field="network", rule="GYM-10")
             port, bridge = _spoofguard.host_port(peers[mac])
-            if bridge is None or not (bridge in (BRIDGE_IFACE, PROXY_IFACE) or bridge.startswith(GROUP_IFACE_PREFIX)):
+            group = bridge is not None and bridge.startswith((GROUP_IFACE_PREFIX, _podman_net.GROUP_IFACE_PREFIX))
+            if bridge is None or not (bridge in (BRIDGE_IFACE, PROXY_IFACE, _podman_net.BRIDGE_IFACE) or group):
                 continue  # not a bridge of harbor_gym's
             gateway = _ipv4_of(bridge) if bridge == PROXY_IFACE else None  # the host's own address there
             if bridge == PROXY_IFACE and gateway is None:
                 raise SandboxUnavailableError(f"the bridge {PROXY_IFACE} has no address here", field="network",
                                               rule="GYM-10")
             binding = _spoofguard.Binding(port=port, bridge=bridge, mac=mac, ipv4=ipv4,
-                                          isolated=not bridge.startswith(GROUP_IFACE_PREFIX), routed_to=gateway)
+                                          isolated=not group, routed_to=gateway)
             made.append(binding)
             _spoofguard.bind(binding)
     except BaseException:

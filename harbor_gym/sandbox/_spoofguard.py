@@ -63,8 +63,9 @@ log = logging.getLogger("harbor_gym.sandbox")
 
 #: The nftables table of the guard (family ``bridge``).
 TABLE = "harbor_gym_guard"
-#: Bridges of harbor_gym's: ``hg-*`` (shared ones) and ``hgg-*`` (compose groups); neighbour entries are pruned here.
-_OUR_BRIDGE = re.compile(r"^hgg?-[A-Za-z0-9-]+$")
+#: Bridges of harbor_gym's: ``hg-*`` (shared ones), ``hgg-*`` (compose groups) and podman's ``hgp-*``; neighbour
+#: entries are pruned here.
+_OUR_BRIDGE = re.compile(r"^hg[gp]?-[A-Za-z0-9-]+$")
 _PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _TIMEOUT_S = 20.0
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
