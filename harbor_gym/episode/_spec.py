@@ -13,8 +13,8 @@ from harbor_gym.sandbox._gpus import GPU_RUNTIME, engine_gpu_runtime
 from harbor_gym.sandbox.base import SandboxSpec
 from harbor_gym.task import EnvironmentConfig, ImageSourceKind, NetworkMode, Step, Task, resolve_env_templates
 
-__all__ = ["agent_spec", "verifier_spec", "seed_refusals", "resolved_env", "TASK_LABEL", "STEP_LABEL",
-           "DEFAULT_PIDS_LIMIT", "DEFAULT_STORAGE_MB", "DEFAULT_MEMORY_MB"]
+__all__ = ["agent_spec", "verifier_spec", "workdir_created", "seed_refusals", "resolved_env", "TASK_LABEL",
+           "STEP_LABEL", "DEFAULT_PIDS_LIMIT", "DEFAULT_STORAGE_MB", "DEFAULT_MEMORY_MB"]
 
 #: Label naming the task a sandbox runs (the managed and run labels are added by the backend).
 TASK_LABEL = "io.harbor-gym.task"
@@ -27,6 +27,13 @@ DEFAULT_PIDS_LIMIT: int | None = EnvConfig.model_fields["pids_limit"].default
 #: `EnvConfig.default_storage_mb` / `default_memory_mb`: GYM-10's bounds of a table that sets none.
 DEFAULT_STORAGE_MB: int | None = EnvConfig.model_fields["default_storage_mb"].default
 DEFAULT_MEMORY_MB: int | None = EnvConfig.model_fields["default_memory_mb"].default
+
+
+def workdir_created(config: EnvConfig) -> bool:
+    """Issue 16: whether the agent sandbox creates a task workdir its image lacks. Seed: yes, at start. Harbor:
+    no, the workdir is only the folder commands run in (harbor/environments/docker/docker.py passes it to each
+    exec, never at create), so a step that starts without it fails (`WORKDIR_MISSING_KIND`)."""
+    return config.semantics != Semantics.HARBOR
 
 
 def _or(value: int | None, default: int | None) -> int | None:
@@ -75,9 +82,11 @@ def _check_resources(env: EnvironmentConfig, task: Task, where: str) -> None:
 
 def agent_spec(task: Task, *, env: Mapping[str, str] | None = None,
                pids_limit: int | None = DEFAULT_PIDS_LIMIT, default_storage_mb: int | None = DEFAULT_STORAGE_MB,
-               default_memory_mb: int | None = DEFAULT_MEMORY_MB) -> SandboxSpec:
+               default_memory_mb: int | None = DEFAULT_MEMORY_MB, create_workdir: bool = True) -> SandboxSpec:
     """The agent sandbox (service ``main``) of ``task``: ``docker_image`` wins over ``environment/Dockerfile``
     (FMT-10); workdir, resources, network and env from ``[environment]`` (FMT-15 applied unless ``env`` given);
+    ``create_workdir`` (`workdir_created`: ``False`` under Harbor semantics) says whether the sandbox creates a
+    workdir the image lacks (issue 16);
     ``pids_limit`` is the harness guard `EnvConfig.pids_limit` (the task format has no such field; ``None``: none);
     ``storage_mb``/``memory_mb`` unset in the table take ``default_storage_mb``/``default_memory_mb``
     (`EnvConfig.default_storage_mb`/`default_memory_mb`, GYM-10; ``None``: unbounded).
@@ -91,7 +100,7 @@ def agent_spec(task: Task, *, env: Mapping[str, str] | None = None,
     if env is None:
         env = resolved_env(cfg.env, where="environment.env")
     common: dict[str, Any] = dict(
-        workdir=cfg.workdir, env=dict(env), cpus=cfg.cpus, memory_mb=_or(cfg.memory_mb, default_memory_mb),
+        workdir=cfg.workdir, create_workdir=create_workdir, env=dict(env), cpus=cfg.cpus, memory_mb=_or(cfg.memory_mb, default_memory_mb),
         storage_mb=_or(cfg.storage_mb, default_storage_mb),
         network=network, labels={TASK_LABEL: task.id}, name_hint=task.id, gpus=cfg.gpus,
         build_timeout_s=float(cfg.build_timeout_sec), pids_limit=pids_limit,
