@@ -1,5 +1,6 @@
 """From a `Task` to what a sandbox backend needs: the agent and verifier `SandboxSpec` (FMT-7, FMT-10, FMT-15,
-VER-3/4), and the seed refusals checked before any sandbox starts (SPEC LOAD-20..24, GYM-4, BUD-7)."""
+VER-3/4, phase network policies), and the seed refusals checked before any sandbox starts (SPEC LOAD-20..24,
+GYM-4, BUD-7), separate verifier environments included."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from harbor_gym.sandbox._gpus import GPU_RUNTIME, engine_gpu_runtime
 from harbor_gym.sandbox.base import SandboxSpec
 from harbor_gym.task import EnvironmentConfig, ImageSourceKind, NetworkMode, Step, Task, resolve_env_templates
 
-__all__ = ["agent_spec", "verifier_spec", "workdir_created", "seed_refusals", "resolved_env", "TASK_LABEL",
+__all__ = ["agent_spec", "verifier_spec", "workdir_created", "phase_policy_refusals", "seed_refusals", "resolved_env", "TASK_LABEL",
            "STEP_LABEL", "DEFAULT_PIDS_LIMIT", "DEFAULT_STORAGE_MB", "DEFAULT_MEMORY_MB"]
 
 #: Label naming the task a sandbox runs (the managed and run labels are added by the backend).
@@ -132,12 +133,13 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec, default_storage
     table = step.verifier_environment
     source = step.separate_image_source
     uploads = source.uploads_tests
+    where = _verifier_table_where(step)
     if table is None:
         spec_env = agent.env
         base = agent
     else:
-        _check_resources(table, task, f"steps.{step.name}.verifier.environment")
-        spec_env = resolved_env(table.env, where="verifier.environment.env", allowlist=host_env_allowlist)
+        _check_resources(table, task, where)
+        spec_env = resolved_env(table.env, where=f"{where}.env", allowlist=host_env_allowlist)
         base = None
     labels = {TASK_LABEL: task.id, STEP_LABEL: step.name}
     if table is None:
@@ -148,8 +150,13 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec, default_storage
         kwargs = dict(workdir=table.workdir, env=dict(spec_env), cpus=table.cpus,
                       memory_mb=_or(table.memory_mb, default_memory_mb),
                       storage_mb=_or(table.storage_mb, default_storage_mb),
-                      network=_network(table, task, "verifier.environment"), gpus=table.gpus,
+                      network=_network(table, task, where), gpus=table.gpus,
                       build_timeout_s=float(table.build_timeout_sec))
+    # Harbor's verifier phase policy: an explicit [steps.verifier] / [verifier] network policy replaces the
+    # sandbox's own; a fresh sandbox started for the verify alone honours it without switching
+    explicit = _explicit_policy(task, step, "verifier")
+    if explicit is not None:
+        kwargs["network"] = _phase_network(explicit, task)
     kwargs.update(labels=labels, name_hint=f"{task.id}-verify", pids_limit=agent.pids_limit)
     if source.docker_image:
         return SandboxSpec(image=source.docker_image, **kwargs), uploads
@@ -162,6 +169,65 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec, default_storage
     raise SeedRefusedError("a verifier compose group cannot run on any provider here (COMPOSE-2)",
                            path=source.compose_file or task.path, field=f"steps.{step.name}.verifier",
                            rule="LOAD-24")
+
+
+def _verifier_table_where(step: Step) -> str:
+    """The task.toml table a step's verifier environment comes from (for messages)."""
+    own = step.config is not None and step.config.verifier.environment is not None
+    return f"steps.{step.name}.verifier.environment" if own else "verifier.environment"
+
+
+def _explicit_policy(task: Task, step: Step, role: str) -> tuple[str, str] | None:
+    """A phase policy set explicitly for ``role`` (``agent``/``verifier``) of ``step``: ``[steps.<role>]`` wins over
+    ``[<role>]`` (harbor/trial/network_policy.py). Returns ``(mode, field)``, or ``None`` (the sandbox's own)."""
+    tables = []
+    if step.config is not None:
+        tables.append((getattr(step.config, role), f"steps.{step.name}.{role}"))
+    tables.append((getattr(task.config, role), role))
+    for table, where in tables:
+        if table.network_mode is not None or table.allowed_hosts is not None:
+            mode = NetworkMode(table.network_mode) if table.network_mode is not None else NetworkMode.ALLOWLIST
+            return mode.value, f"{where}.network_mode"
+    return None
+
+
+def _phase_network(explicit: tuple[str, str], task: Task) -> bool:
+    mode, field = explicit
+    if mode == NetworkMode.ALLOWLIST.value:
+        raise SeedRefusedError("network_mode 'allowlist' needs egress control, which no harbor_gym sandbox has; "
+                               "use 'public' or 'no-network'", path=task.path / "task.toml", field=field,
+                               rule="LOAD-24")
+    return mode == NetworkMode.PUBLIC.value
+
+
+def phase_policy_refusals(task: Task, modes: Iterable[str]) -> None:
+    """LOAD-24 for phase network policies (FMT-5/6, harbor/trial/network_policy.py), pure: an explicit ``[agent]``
+    policy, or an explicit ``[verifier]`` policy of a ``shared`` step, that differs from ``[environment]``'s would
+    need the agent sandbox to switch its network between phases, which no harbor_gym provider does (DIFF-9 keeps
+    the Seed side); ``allowlist`` needs egress control. A ``separate`` step's verifier policy is honoured by
+    `verifier_spec` (its sandbox starts with it).
+
+    Args:
+        modes: each step's effective verifier mode (after VER-2), in step order.
+
+    Raises:
+        SeedRefusedError: naming the field.
+    """
+    env = task.config.environment
+    baseline = NetworkMode.ALLOWLIST.value if env.allowed_hosts else NetworkMode(env.network_mode).value
+    for step, mode in zip(task.steps, modes):
+        for role in ("agent", "verifier"):
+            explicit = _explicit_policy(task, step, role)
+            if explicit is None or (role == "verifier" and mode == "separate"):
+                continue
+            _phase_network(explicit, task)
+            if explicit[0] != baseline:
+                phase = "agent" if role == "agent" else "shared verifier"
+                raise SeedRefusedError(
+                    f"the {phase} phase asks for network_mode {explicit[0]!r} but the agent sandbox has "
+                    f"{baseline!r} ([environment].network_mode), and no harbor_gym sandbox can switch its network "
+                    "between phases; set the same policy on [environment]", path=task.path / "task.toml",
+                    field=explicit[1], rule="LOAD-24")
 
 
 def seed_refusals(task: Task, config: EnvConfig, agent: Any, *, backend: str, separate_steps: list[Step]) -> None:
@@ -216,7 +282,11 @@ def seed_refusals(task: Task, config: EnvConfig, agent: Any, *, backend: str, se
         if step.verifier_environment is not None:
             resolved_env(step.verifier_environment.env, where=f"steps.{step.name}.verifier.environment.env",
                          allowlist=allow)
-    agent_spec(task, env=env)  # LOAD-24 network/resources of [environment]
+    spec = agent_spec(task, env=env)  # LOAD-24 network/resources of [environment]
+    separate = {step.name for step in separate_steps}
+    phase_policy_refusals(task, ["separate" if s.name in separate else "shared" for s in task.steps])
+    for step in separate_steps:  # LOAD-23/24 of every separate verifier environment, before any sandbox
+        verifier_spec(task, step, agent=spec, host_env_allowlist=allow)
     if not config.enforce_task_timeouts and separate_steps:
         allowance = max(_build_timeout(task, s) for s in separate_steps)
         if config.default_episode_timeout_seconds < allowance:
