@@ -90,19 +90,28 @@ def _is_task_folder(path: Path) -> bool:
 def _task_targets(paths: Sequence[str], config=None):
     """Yield ``(task_id, loader)`` for every task under ``paths``; a loader returns a Task or raises TaskLoadError.
 
-    A path holding ``task.toml`` is one task; any other folder is a dataset of task folders. Tasks load under
-    ``config`` (its ``semantics``: DIFF-8, VER-4, LOAD-6).
+    A path holding ``task.toml`` is one task; any other folder is a dataset of task folders; a ``NAME@VERSION``
+    that is not an existing path is a dataset of the registry in force, fetched once into the cache (as ``run``
+    does; issue 16). Tasks load under ``config`` (its ``semantics``: DIFF-8, VER-4, LOAD-6).
 
     Raises:
-        UsageError: a path does not exist or is not a folder.
+        UsageError: a path does not exist (nor names a dataset) or is not a folder; a dataset name that cannot be
+            had (no registry, unknown, a wrong commit, a missing task path).
     """
-    from harbor_gym.errors import TaskLoadError
+    from harbor_gym.datasets import resolve_dataset
+    from harbor_gym.errors import DatasetError, TaskLoadError
     from harbor_gym.task import load_dataset, load_task
 
     for raw in paths:
         path = Path(raw)
         if not path.exists():
-            raise UsageError(f"{raw}: no such file or folder")
+            try:
+                folder = resolve_dataset(raw, config)  # a path always wins over a registry name
+            except DatasetError as exc:
+                raise UsageError(f"{raw}: {exc}") from exc
+            if folder is None:
+                raise UsageError(f"{raw}: no such file or folder (nor a dataset name NAME@VERSION)")
+            path = folder
         if not path.is_dir():
             raise UsageError(f"{raw}: not a task folder or a folder of task folders")
         if _is_task_folder(path):
@@ -450,13 +459,15 @@ def _parser() -> argparse.ArgumentParser:
     prewarm.set_defaults(func=_cmd_prewarm)
 
     check = sub.add_parser("check", help="load task folders and print each problem")
-    check.add_argument("paths", nargs="+", metavar="PATH", help="a task folder or a folder of task folders")
+    check.add_argument("paths", nargs="+", metavar="PATH",
+                       help="a task folder, a folder of task folders, or a dataset NAME@VERSION of the registry")
     check.add_argument("--semantics", choices=["seed", "harbor"], default=None,
                        help="load under one side of SPEC §14; default: both, one line each where they differ")
     check.set_defaults(func=_cmd_check)
 
     validate = sub.add_parser("validate", help="run the oracle through every step; every turn must score 1.0")
-    validate.add_argument("paths", nargs="+", metavar="PATH", help="a task folder or a folder of task folders")
+    validate.add_argument("paths", nargs="+", metavar="PATH",
+                          help="a task folder, a folder of task folders, or a dataset NAME@VERSION of the registry")
     validate.add_argument("--backend", choices=["auto", "docker", "podman", "local"], default="auto")
     validate.add_argument("--semantics", choices=["seed", "harbor"], default="seed",
                           help="SPEC §14: seed (default) or harbor")

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["HEAD", "REWARD_0", "REWARD_1", "grade", "toml", "write_task"]
+__all__ = ["HEAD", "REWARD_0", "REWARD_1", "WORKDIR_KEEP", "grade", "toml", "write_task"]
 
 HEAD = """schema_version = "1.4"
 {top}
@@ -44,13 +44,23 @@ def toml(steps: Iterable[str] = (), *, top: str = "", env: str = "", agent_timeo
     return text
 
 
-def write_task(root: Path, files: dict[str, Any], name: str) -> Path:
+#: The file `write_task` adds to a ``docker_image`` task without ``environment/``: it is copied into the workdir at
+#: seed (FMT-10), which creates ``/app`` under both semantics, as real tasks' ``environment/`` files do (Harbor
+#: semantics never create a workdir the image lacks, issue 16; the base image has no ``/app``).
+WORKDIR_KEEP = "environment/.gitkeep"
+
+
+def write_task(root: Path, files: dict[str, Any], name: str, *, keep_workdir: bool = True) -> Path:
     """Write the task folder ``root/name`` from ``{relpath: text | bytes | (text, mode)}``.
 
     ``*.sh`` files are 0755 unless a mode is given. Every step folder named by a file, and every step declared in
     task.toml, gets an ``instruction.md`` ("Do step <name>.") unless the dict gives one; the task gets a top-level
-    ``instruction.md`` unless given.
+    ``instruction.md`` unless given. With ``keep_workdir`` a ``docker_image`` task naming no ``environment/`` file
+    gets the empty `WORKDIR_KEEP`, so that its workdir exists under Harbor semantics too.
     """
+    if keep_workdir and not any(rel.startswith("environment/") for rel in files) \
+            and "docker_image" in str(files.get("task.toml", "")):
+        files = {**files, WORKDIR_KEEP: ""}
     task = root / name
     for rel, content in files.items():
         data, mode = content if isinstance(content, tuple) else (content, 0o755 if rel.endswith(".sh") else 0o644)

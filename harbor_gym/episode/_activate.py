@@ -98,11 +98,15 @@ class _ActivatePhase:
         script.add(f"cd {q(turn.workdir)} 2>/dev/null; {ORACLE_RUN}; hgrc=$?; {script.note('rc', '$hgrc')}; "
                    f"tail -c 4096 {ORACLE_LOG} 2>/dev/null")
         env = {**turn.solution_env, "DEBIAN_FRONTEND": "noninteractive"}
-        res = turn.exec(["sh", "-c", script.text()], env=env, stdin=t.prelude_stdin)
-        flags = script.outcome(res)  # outage / workdir_failed from the exit status, not printed lines
+        # in /: the housekeeping comes first and the workdir may be missing (issue 16); solve.sh runs after the cd
+        res = turn.exec(["sh", "-c", script.text()], env=env, stdin=t.prelude_stdin, cwd="/")
+        flags = script.outcome(res)  # outage / workdir_* from the exit status, not printed lines
         if flags.has("outage"):
             raise SandboxError(f"housekeeping failed ({' '.join(flags.first('outage') or [])})", field=t.step.name,
                                rule="TURN-8", retryable=True)
+        if flags.has("workdir_missing"):
+            self._workdir_gone(t)
+            return None
         if flags.has("workdir_failed"):
             t.prep_kind = WORKDIR_FAILED
             t.cause = workdir_cause(turn.workdir, res.stdout, script.marker)

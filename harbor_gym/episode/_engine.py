@@ -35,8 +35,14 @@ from harbor_gym.episode._rewards import REWARD_FILE_NOT_FOUND_KIND, turn_reward
 from harbor_gym.episode._rollup import ScoreKind, TurnScore, episode_verifier_mode, roll_up
 from harbor_gym.episode._seed import _SeedPhase
 from harbor_gym.episode._session import SessionDriver
-from harbor_gym.episode._spec import agent_spec, resolved_env, seed_refusals
-from harbor_gym.episode._stop import TurnFault, decide_turn, min_reward_missed
+from harbor_gym.episode._spec import agent_spec, resolved_env, seed_refusals, workdir_created
+from harbor_gym.episode._stop import (
+    WORKDIR_DELETED_KIND,
+    WORKDIR_MISSING_KIND,
+    TurnFault,
+    decide_turn,
+    min_reward_missed,
+)
 from harbor_gym.episode._turnstate import (
     ENGINE_ERROR_KIND,
     HEALTHCHECK_FAILED,
@@ -51,9 +57,14 @@ from harbor_gym.errors import ResetNeededError, SandboxError
 from harbor_gym.sandbox.base import ExecResult, Sandbox, SandboxSettings, SandboxSpec
 from harbor_gym.task import Step, Task
 
-__all__ = ["Episode", "EpisodeState", "SETUP_FAILED", "WORKDIR_FAILED", "HEALTHCHECK_FAILED", "ENGINE_ERROR_KIND"]
+__all__ = ["Episode", "EpisodeState", "SETUP_FAILED", "WORKDIR_FAILED", "HEALTHCHECK_FAILED", "ENGINE_ERROR_KIND",
+           "WORKDIR_MISSING_KIND", "WORKDIR_DELETED_KIND"]
 
 _log = logging.getLogger("harbor_gym.episode")
+
+
+#: Issue 16: preparation outcomes that are not TURN-8 failures (no measured 0, no DIFF-4 retry).
+_PREP_FAULTS = {WORKDIR_MISSING_KIND: TurnFault.WORKDIR_MISSING, WORKDIR_DELETED_KIND: TurnFault.WORKDIR_DELETED}
 
 
 class EpisodeState(str, enum.Enum):
@@ -226,7 +237,8 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         self._solution_env = resolved_env(self.task.config.solution.env, where="solution.env", allowlist=allow)
         spec = agent_spec(self.task, env=self._env, pids_limit=self.config.pids_limit,
                           default_storage_mb=self.config.default_storage_mb,
-                          default_memory_mb=self.config.default_memory_mb)
+                          default_memory_mb=self.config.default_memory_mb,
+                          create_workdir=workdir_created(self.config))
         self._agent_spec = spec
         self._clock = DeadlineClock(self._deadline(), wall=self.config.deadline_clock.value == "wall")
         self._logs = EpisodeLogs(self.config.logs_root, self.task.id)
@@ -367,11 +379,11 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         with _timed(t, "prepare"):
             t.prep_kind = self._prepare(t)
         if t.prep_kind is not None:
-            return TurnFault.PREP_FAILED
+            return _PREP_FAULTS.get(t.prep_kind, TurnFault.PREP_FAILED)
         with _timed(t, "agent"):
             t.outcome = self._activate(t)
         if t.outcome is None:  # the preparation folded into the oracle's exec failed (TURN-8)
-            return TurnFault.PREP_FAILED
+            return _PREP_FAULTS.get(t.prep_kind, TurnFault.PREP_FAILED)
         if t.harness_killed:  # GYM-12: kill -9 -1 (or the like) by the agent, whether or not the sandbox lives
             t.agent_caused, t.outage_cause = True, HARNESS_KILLED
             raise SandboxError("the activation killed the harness's exec wrapper (kill -9 -1?)", field=t.step.name,

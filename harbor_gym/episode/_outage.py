@@ -66,7 +66,7 @@ def agent_outage_cause(sb: Any) -> str | None:
     try:
         if not sb.is_alive():
             return "died"
-        res = sb.exec(["true"], timeout=_PROBE_S, user="root")
+        res = sb.exec(["true"], timeout=_PROBE_S, user="root", cwd="/")
     except Exception:
         return None if _stopped(sb) else "cannot_run_commands"
     return None if res.ok or _stopped(sb) else "cannot_run_commands"

@@ -10,6 +10,7 @@ from harbor_gym.episode._freeze import thaw_fragment
 from harbor_gym.episode._healthcheck import poll_healthcheck
 from harbor_gym.episode._shell import Script, q
 from harbor_gym.episode._staging import STAGE_DIR, ArchiveBuilder
+from harbor_gym.episode._stop import WORKDIR_DELETED_KIND, WORKDIR_MISSING_KIND
 from harbor_gym.episode._turnstate import (
     _HOUSEKEEPING_S,
     HEALTHCHECK_FAILED,
@@ -54,8 +55,9 @@ class _PreparePhase:
         script.add("{ " + " && ".join(parts) + " ; } || " + script.flag("outage", "solution"))
 
     def _prepare(self, t: _Turn) -> str | None:
-        """TURN-3: clean-up (TURN-2), user switch (USR-2), workdir merge (TURN-4), setup.sh (TURN-5), healthcheck
-        (TURN-7), the oracle's solution (ORACLE-1). Returns a TURN-8 failure kind, or ``None``.
+        """TURN-3: clean-up (TURN-2), user switch (USR-2), the workdir's presence (issue 16), workdir merge (TURN-4),
+        setup.sh (TURN-5), healthcheck (TURN-7), the oracle's solution (ORACLE-1). Returns a TURN-8 failure kind
+        (or `WORKDIR_MISSING_KIND` / `WORKDIR_DELETED_KIND`), or ``None``.
 
         Raises:
             SandboxError: an outage (clean-up, user switch or solution placement could not run; TURN-8).
@@ -73,6 +75,7 @@ class _PreparePhase:
         if self._harbor and t.index > 0 and not self._sessions.continued:
             # DIFF-6: Harbor empties /logs/agent before a step unless resuming (a continued session, SES-3).
             script.add("find /logs/agent -mindepth 1 -maxdepth 1 -exec rm -rf {} + ; chmod 0777 /logs/agent")
+        self._workdir_fragment(script, t, workdir)
         if user != self._user_in_place and not self._harbor and workdir != "/":
             script.add(f"chown {q(user)} {q(workdir)} || {script.flag('outage', 'user')}")
         if step.workdir_dir is not None:
@@ -124,14 +127,44 @@ class _PreparePhase:
             self._run_root(script, t)
         return None
 
+    def _workdir_fragment(self, script: Script, t: _Turn, workdir: str) -> None:
+        """Issue 16: the workdir must exist when a step starts, checked before its ``workdir/`` merge (Harbor asks
+        ``pwd`` there first, harbor/trial/multi_step.py) and decided by the exit status (GYM-10). Skipped where it
+        cannot be missing: ``/``, and the first step of a sandbox that created it at start (Seed semantics)."""
+        spec = self._agent_spec
+        if workdir == "/" or (t.index == 0 and (spec is None or spec.create_workdir)):
+            return
+        script.add(f"[ -d {q(workdir)} ] || {script.flag('workdir_missing')}")
+        script.add(script.stop_if_failed())  # nothing of the step (its merge would create the folder) runs
+
+    def _workdir_gone(self, t: _Turn) -> None:
+        """Issue 16, GYM-12: the workdir is missing at this step's start. At the first step nothing of the agent ran
+        yet: the task's fault, `WORKDIR_MISSING_KIND` (ungraded, not retryable). Later it existed at an earlier
+        step's start (or the episode would have ended there), so something since the first activation deleted it:
+        agent-caused, `WORKDIR_DELETED_KIND`, reward 0.0 and trainable, so that no policy dodges a graded 0.0 by
+        deleting its workdir before the next step."""
+        workdir = self._sandbox.workdir
+        if t.index == 0:
+            t.prep_kind = WORKDIR_MISSING_KIND
+            t.cause = (f"the workdir {workdir} does not exist: the image lacks it and nothing of the task creates it "
+                       "(under Harbor semantics harbor_gym does not create it; Harbor fails such a step)")
+        else:
+            t.prep_kind = WORKDIR_DELETED_KIND
+            t.agent_caused, t.outage_cause = True, "workdir_deleted"
+            t.cause = f"the workdir {workdir} existed at an earlier step and is gone at this step's start"
+
     def _run_root(self, script: Script, t: _Turn, stdin: bytes | None = None) -> None:
-        """Run a housekeeping script as root; map its flags: ``outage`` raises, ``workdir_failed`` sets TURN-8."""
-        res = self._exec(self._sandbox, script.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin)
+        """Run a housekeeping script as root in ``/``; map its flags: ``outage`` raises, ``workdir_missing``
+        (`_workdir_gone`) and ``workdir_failed`` set the turn's failure kind (TURN-8)."""
+        res = self._exec(self._sandbox, script.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin, cwd="/")
         flags = script.outcome(res)  # decisions from the exit status (GYM-10), never from printed lines
         if flags.has("outage") or not flags.finished:
             what = " ".join((flags.first("outage") if flags.has("outage") else None) or ["exit", str(res.exit_code)])
             raise SandboxError(f"housekeeping failed ({what}): {res.stderr[-300:]}", field=t.step.name,
                                rule="TURN-8", retryable=True)
+        if flags.has("workdir_missing"):
+            self._workdir_gone(t)
+            return
         if flags.has("workdir_failed"):
             _log.info("workdir merge of %s failed: %s", t.step.name, res.stdout[-500:])
             t.prep_kind = WORKDIR_FAILED

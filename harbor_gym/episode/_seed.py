@@ -60,7 +60,8 @@ class _SeedPhase:
             default_episode_timeout_s=self.config.default_episode_timeout_seconds, harbor=self._harbor)
 
     def _seed_with_retries(self, spec: SandboxSpec) -> None:
-        plan = seed_plan(self.task)  # pure: reads environment/ once, before any sandbox (FMT-10)
+        # pure: reads environment/ once, before any sandbox (FMT-10)
+        plan = seed_plan(self.task, workdir_must_exist=not spec.create_workdir)
         attempts = self.config.seed_retries + 1
         last: HarborGymError | None = None
         for attempt in range(attempts):

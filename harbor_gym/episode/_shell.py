@@ -2,8 +2,8 @@
 
 A `Script` reports in two ways, kept apart on purpose:
 
-- **Decisions** (an outage, a missing verifier tool, a failed workdir merge, a timed-out ``test.sh``) travel in the
-  exec's *exit status*: the script ends with ``exit $((64 + bits))``, each decision word owning one bit. The exit
+- **Decisions** (an outage, a missing verifier tool, a failed workdir merge, a missing workdir, a timed-out
+  ``test.sh``) travel in the exec's *exit status*: the script ends with ``exit $((64 + bits))``, each decision word owning one bit. The exit
   status comes from the engine (the exec wrapper's trailer, else the engine's own inspect), not from any text a
   sandbox process can print, so no process of the sandbox (a leftover of the agent, a program ``test.sh`` runs)
   can forge one that masks a turn, turns a failure into a retryable outage or skips the TURN-2 clean-up. An exit
@@ -32,7 +32,7 @@ __all__ = ["Script", "Parsed", "Outcome", "parse", "q", "DECISIONS"]
 q = shlex.quote
 
 #: Decision words and their exit-status bits (see the module docstring).
-DECISIONS = {"failed": 1, "outage": 2, "missing": 4, "workdir_failed": 8, "vtimeout": 16}
+DECISIONS = {"failed": 1, "outage": 2, "missing": 4, "workdir_failed": 8, "vtimeout": 16, "workdir_missing": 32}
 _BASE = 64
 
 

@@ -1,5 +1,6 @@
 """From a `Task` to what a sandbox backend needs: the agent and verifier `SandboxSpec` (FMT-7, FMT-10, FMT-15,
-VER-3/4), and the seed refusals checked before any sandbox starts (SPEC LOAD-20..24, GYM-4, BUD-7)."""
+VER-3/4, phase network policies), and the seed refusals checked before any sandbox starts (SPEC LOAD-20..24,
+GYM-4, BUD-7), separate verifier environments included."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from harbor_gym.sandbox._gpus import GPU_RUNTIME, engine_gpu_runtime
 from harbor_gym.sandbox.base import SandboxSpec
 from harbor_gym.task import EnvironmentConfig, ImageSourceKind, NetworkMode, Step, Task, resolve_env_templates
 
-__all__ = ["agent_spec", "verifier_spec", "seed_refusals", "resolved_env", "TASK_LABEL", "STEP_LABEL",
-           "DEFAULT_PIDS_LIMIT", "DEFAULT_STORAGE_MB", "DEFAULT_MEMORY_MB"]
+__all__ = ["agent_spec", "verifier_spec", "workdir_created", "phase_policy_refusals", "seed_refusals", "resolved_env", "TASK_LABEL",
+           "STEP_LABEL", "DEFAULT_PIDS_LIMIT", "DEFAULT_STORAGE_MB", "DEFAULT_MEMORY_MB"]
 
 #: Label naming the task a sandbox runs (the managed and run labels are added by the backend).
 TASK_LABEL = "io.harbor-gym.task"
@@ -27,6 +28,13 @@ DEFAULT_PIDS_LIMIT: int | None = EnvConfig.model_fields["pids_limit"].default
 #: `EnvConfig.default_storage_mb` / `default_memory_mb`: GYM-10's bounds of a table that sets none.
 DEFAULT_STORAGE_MB: int | None = EnvConfig.model_fields["default_storage_mb"].default
 DEFAULT_MEMORY_MB: int | None = EnvConfig.model_fields["default_memory_mb"].default
+
+
+def workdir_created(config: EnvConfig) -> bool:
+    """Issue 16: whether the agent sandbox creates a task workdir its image lacks. Seed: yes, at start. Harbor:
+    no, the workdir is only the folder commands run in (harbor/environments/docker/docker.py passes it to each
+    exec, never at create), so a step that starts without it fails (`WORKDIR_MISSING_KIND`)."""
+    return config.semantics != Semantics.HARBOR
 
 
 def _or(value: int | None, default: int | None) -> int | None:
@@ -75,9 +83,11 @@ def _check_resources(env: EnvironmentConfig, task: Task, where: str) -> None:
 
 def agent_spec(task: Task, *, env: Mapping[str, str] | None = None,
                pids_limit: int | None = DEFAULT_PIDS_LIMIT, default_storage_mb: int | None = DEFAULT_STORAGE_MB,
-               default_memory_mb: int | None = DEFAULT_MEMORY_MB) -> SandboxSpec:
+               default_memory_mb: int | None = DEFAULT_MEMORY_MB, create_workdir: bool = True) -> SandboxSpec:
     """The agent sandbox (service ``main``) of ``task``: ``docker_image`` wins over ``environment/Dockerfile``
     (FMT-10); workdir, resources, network and env from ``[environment]`` (FMT-15 applied unless ``env`` given);
+    ``create_workdir`` (`workdir_created`: ``False`` under Harbor semantics) says whether the sandbox creates a
+    workdir the image lacks (issue 16);
     ``pids_limit`` is the harness guard `EnvConfig.pids_limit` (the task format has no such field; ``None``: none);
     ``storage_mb``/``memory_mb`` unset in the table take ``default_storage_mb``/``default_memory_mb``
     (`EnvConfig.default_storage_mb`/`default_memory_mb`, GYM-10; ``None``: unbounded).
@@ -91,7 +101,7 @@ def agent_spec(task: Task, *, env: Mapping[str, str] | None = None,
     if env is None:
         env = resolved_env(cfg.env, where="environment.env")
     common: dict[str, Any] = dict(
-        workdir=cfg.workdir, env=dict(env), cpus=cfg.cpus, memory_mb=_or(cfg.memory_mb, default_memory_mb),
+        workdir=cfg.workdir, create_workdir=create_workdir, env=dict(env), cpus=cfg.cpus, memory_mb=_or(cfg.memory_mb, default_memory_mb),
         storage_mb=_or(cfg.storage_mb, default_storage_mb),
         network=network, labels={TASK_LABEL: task.id}, name_hint=task.id, gpus=cfg.gpus,
         build_timeout_s=float(cfg.build_timeout_sec), pids_limit=pids_limit,
@@ -123,12 +133,13 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec, default_storage
     table = step.verifier_environment
     source = step.separate_image_source
     uploads = source.uploads_tests
+    where = _verifier_table_where(step)
     if table is None:
         spec_env = agent.env
         base = agent
     else:
-        _check_resources(table, task, f"steps.{step.name}.verifier.environment")
-        spec_env = resolved_env(table.env, where="verifier.environment.env", allowlist=host_env_allowlist)
+        _check_resources(table, task, where)
+        spec_env = resolved_env(table.env, where=f"{where}.env", allowlist=host_env_allowlist)
         base = None
     labels = {TASK_LABEL: task.id, STEP_LABEL: step.name}
     if table is None:
@@ -139,8 +150,13 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec, default_storage
         kwargs = dict(workdir=table.workdir, env=dict(spec_env), cpus=table.cpus,
                       memory_mb=_or(table.memory_mb, default_memory_mb),
                       storage_mb=_or(table.storage_mb, default_storage_mb),
-                      network=_network(table, task, "verifier.environment"), gpus=table.gpus,
+                      network=_network(table, task, where), gpus=table.gpus,
                       build_timeout_s=float(table.build_timeout_sec))
+    # Harbor's verifier phase policy: an explicit [steps.verifier] / [verifier] network policy replaces the
+    # sandbox's own; a fresh sandbox started for the verify alone honours it without switching
+    explicit = _explicit_policy(task, step, "verifier")
+    if explicit is not None:
+        kwargs["network"] = _phase_network(explicit, task)
     kwargs.update(labels=labels, name_hint=f"{task.id}-verify", pids_limit=agent.pids_limit)
     if source.docker_image:
         return SandboxSpec(image=source.docker_image, **kwargs), uploads
@@ -153,6 +169,65 @@ def verifier_spec(task: Task, step: Step, *, agent: SandboxSpec, default_storage
     raise SeedRefusedError("a verifier compose group cannot run on any provider here (COMPOSE-2)",
                            path=source.compose_file or task.path, field=f"steps.{step.name}.verifier",
                            rule="LOAD-24")
+
+
+def _verifier_table_where(step: Step) -> str:
+    """The task.toml table a step's verifier environment comes from (for messages)."""
+    own = step.config is not None and step.config.verifier.environment is not None
+    return f"steps.{step.name}.verifier.environment" if own else "verifier.environment"
+
+
+def _explicit_policy(task: Task, step: Step, role: str) -> tuple[str, str] | None:
+    """A phase policy set explicitly for ``role`` (``agent``/``verifier``) of ``step``: ``[steps.<role>]`` wins over
+    ``[<role>]`` (harbor/trial/network_policy.py). Returns ``(mode, field)``, or ``None`` (the sandbox's own)."""
+    tables = []
+    if step.config is not None:
+        tables.append((getattr(step.config, role), f"steps.{step.name}.{role}"))
+    tables.append((getattr(task.config, role), role))
+    for table, where in tables:
+        if table.network_mode is not None or table.allowed_hosts is not None:
+            mode = NetworkMode(table.network_mode) if table.network_mode is not None else NetworkMode.ALLOWLIST
+            return mode.value, f"{where}.network_mode"
+    return None
+
+
+def _phase_network(explicit: tuple[str, str], task: Task) -> bool:
+    mode, field = explicit
+    if mode == NetworkMode.ALLOWLIST.value:
+        raise SeedRefusedError("network_mode 'allowlist' needs egress control, which no harbor_gym sandbox has; "
+                               "use 'public' or 'no-network'", path=task.path / "task.toml", field=field,
+                               rule="LOAD-24")
+    return mode == NetworkMode.PUBLIC.value
+
+
+def phase_policy_refusals(task: Task, modes: Iterable[str]) -> None:
+    """LOAD-24 for phase network policies (FMT-5/6, harbor/trial/network_policy.py), pure: an explicit ``[agent]``
+    policy, or an explicit ``[verifier]`` policy of a ``shared`` step, that differs from ``[environment]``'s would
+    need the agent sandbox to switch its network between phases, which no harbor_gym provider does (DIFF-9 keeps
+    the Seed side); ``allowlist`` needs egress control. A ``separate`` step's verifier policy is honoured by
+    `verifier_spec` (its sandbox starts with it).
+
+    Args:
+        modes: each step's effective verifier mode (after VER-2), in step order.
+
+    Raises:
+        SeedRefusedError: naming the field.
+    """
+    env = task.config.environment
+    baseline = NetworkMode.ALLOWLIST.value if env.allowed_hosts else NetworkMode(env.network_mode).value
+    for step, mode in zip(task.steps, modes):
+        for role in ("agent", "verifier"):
+            explicit = _explicit_policy(task, step, role)
+            if explicit is None or (role == "verifier" and mode == "separate"):
+                continue
+            _phase_network(explicit, task)
+            if explicit[0] != baseline:
+                phase = "agent" if role == "agent" else "shared verifier"
+                raise SeedRefusedError(
+                    f"the {phase} phase asks for network_mode {explicit[0]!r} but the agent sandbox has "
+                    f"{baseline!r} ([environment].network_mode), and no harbor_gym sandbox can switch its network "
+                    "between phases; set the same policy on [environment]", path=task.path / "task.toml",
+                    field=explicit[1], rule="LOAD-24")
 
 
 def seed_refusals(task: Task, config: EnvConfig, agent: Any, *, backend: str, separate_steps: list[Step]) -> None:
@@ -207,7 +282,11 @@ def seed_refusals(task: Task, config: EnvConfig, agent: Any, *, backend: str, se
         if step.verifier_environment is not None:
             resolved_env(step.verifier_environment.env, where=f"steps.{step.name}.verifier.environment.env",
                          allowlist=allow)
-    agent_spec(task, env=env)  # LOAD-24 network/resources of [environment]
+    spec = agent_spec(task, env=env)  # LOAD-24 network/resources of [environment]
+    separate = {step.name for step in separate_steps}
+    phase_policy_refusals(task, ["separate" if s.name in separate else "shared" for s in task.steps])
+    for step in separate_steps:  # LOAD-23/24 of every separate verifier environment, before any sandbox
+        verifier_spec(task, step, agent=spec, host_env_allowlist=allow)
     if not config.enforce_task_timeouts and separate_steps:
         allowance = max(_build_timeout(task, s) for s in separate_steps)
         if config.default_episode_timeout_seconds < allowance:

@@ -19,6 +19,8 @@ __all__ = [
     "DEADLINE_KIND",
     "DEADLINE_NOT_ENFORCED_KIND",
     "ENGINE_ERROR_KIND",
+    "WORKDIR_MISSING_KIND",
+    "WORKDIR_DELETED_KIND",
 ]
 
 OUTAGE_KIND = "harbor_gym:sandbox_outage"
@@ -30,6 +32,12 @@ DEADLINE_KIND = "harbor:task_deadline"
 DEADLINE_NOT_ENFORCED_KIND = "Episode timed out"
 #: A defect inside harbor_gym at a turn boundary: ungraded, never retryable (a bug does not go away by repeating).
 ENGINE_ERROR_KIND = "harbor_gym:engine_error"
+#: Issue 16: the task's workdir does not exist when the first step starts (the image lacks it and nothing of the
+#: task created it; Harbor semantics do not create it): the task's fault, ungraded, never retryable.
+WORKDIR_MISSING_KIND = "harbor_gym:workdir_missing"
+#: Issue 16 / GYM-12: the workdir existed at an earlier step and is gone at a later step's start: the agent's doing
+#: (reward 0.0, trainable), never the ungraded `WORKDIR_MISSING_KIND` a policy could learn to dodge zeros with.
+WORKDIR_DELETED_KIND = "harbor_gym:workdir_deleted"
 
 
 def min_reward_missed(rewards: Mapping[str, float] | None, min_reward: float | Mapping[str, float] | None) -> bool:
@@ -48,9 +56,11 @@ class TurnFault(str, enum.Enum):
     ENGINE_ERROR = "engine_error"
     OUTAGE = "outage"
     STORAGE = "storage"
+    WORKDIR_DELETED = "workdir_deleted"
     DEADLINE = "deadline"
     AGENT_RETRY = "agent_retry"
     AGENT_FAIL = "agent_fail"
+    WORKDIR_MISSING = "workdir_missing"
     PREP_FAILED = "prep_failed"
     MASKED = "masked"
     NO_REWARD = "no_reward"
@@ -91,6 +101,8 @@ def decide_turn(
 
     ``min_reward`` on the last step changes nothing (STOP-4): the caller passes ``MIN_REWARD`` and it ends there
     anyway. A step-1 preparation failure is terminal and ungraded (STOP-5); under Harbor it is retryable (DIFF-4).
+    A missing workdir (issue 16) is ungraded and never retryable; one deleted after an earlier step ends like an
+    agent-caused outage (truncated, retryable, which `harbor-gym run` does not retry, GYM-12).
     """
     if fault is TurnFault.ENGINE_ERROR:
         return TurnVerdict(True, False, True, graded=False, retryable=False, failure_kind=ENGINE_ERROR_KIND)
@@ -98,6 +110,10 @@ def decide_turn(
         return TurnVerdict(True, False, True, graded=False, retryable=True, failure_kind=OUTAGE_KIND)
     if fault is TurnFault.STORAGE:  # GYM-10: ends the turn like an outage, under its own (agent-caused) kind
         return TurnVerdict(True, False, True, graded=False, retryable=True, failure_kind=STORAGE_EXCEEDED_KIND)
+    if fault is TurnFault.WORKDIR_DELETED:  # GYM-12: ends like an agent-caused outage (the caller marks it so)
+        return TurnVerdict(True, False, True, graded=False, retryable=True, failure_kind=WORKDIR_DELETED_KIND)
+    if fault is TurnFault.WORKDIR_MISSING:  # the task's fault: repeating gives the same, under both semantics
+        return TurnVerdict(True, True, False, graded=False, retryable=False, failure_kind=WORKDIR_MISSING_KIND)
     if fault is TurnFault.DEADLINE:
         kind = DEADLINE_KIND if deadline_enforced else DEADLINE_NOT_ENFORCED_KIND
         return TurnVerdict(True, False, True, graded=False, retryable=True, failure_kind=kind)

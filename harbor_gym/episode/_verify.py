@@ -91,7 +91,7 @@ class _VerifyPhase:
         script = Script()
         thaw_fragment(script)
         try:
-            res = self._exec(self._sandbox, script.text(), timeout=_HOUSEKEEPING_S, user="root")
+            res = self._exec(self._sandbox, script.text(), timeout=_HOUSEKEEPING_S, user="root", cwd="/")
         except SandboxError as exc:  # the next preparation exec thaws (or the turn's outage is reported there)
             _log.warning("thaw after the verifier of %s failed, retried at the next preparation: %s",
                          t.step.name, exc)
@@ -139,15 +139,16 @@ class _VerifyPhase:
         host_wait = budget + (5.0 if self._harbor else self.config.verifier_grace_s)
         pre_out = None
         if not as_root:
-            pre = self._exec(sb, prep.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin)
+            pre = self._exec(sb, prep.text(), timeout=_HOUSEKEEPING_S, user="root", stdin=stdin, cwd="/")
             pre_out = prep.outcome(pre)
             if self._masked_by(t, pre_out):
                 return
             if pre_out.has("outage") or not pre_out.finished:
                 raise SandboxError(f"verifier staging failed: {pre.stderr[-300:]}", field=step.name, rule="VER-6",
                                    retryable=True)
+        # in /, then cd: a workdir the agent deleted never turns the verify into an outage it could dodge with
         res = self._exec(sb, run.text(), timeout=host_wait, user="root" if as_root else user, env=env,
-                         stdin=stdin if as_root else None)
+                         stdin=stdin if as_root else None, cwd="/")
         out = run.outcome(res)
         if as_root and self._masked_by(t, out):
             return

@@ -261,7 +261,8 @@ class DockerContainerMixin:
             hostname=self.name[:63],
             labels=labels,
             environment=dict(spec.env),
-            working_dir=spec.workdir,
+            # the engine creates a missing working_dir at create: only when the spec asks for that
+            working_dir=spec.workdir if spec.create_workdir else None,
             user=spec.user,
             host_config=api.create_host_config(**host_config),
         )

@@ -90,7 +90,8 @@ class DockerOutageMixin:
             self._count()
         if state.get("Running") and not state.get("Paused"):
             try:
-                res = self.exec(["true"], timeout=_PROBE_S, user="root")
+                # in /: whether commands run at all, not whether the workdir still exists
+                res = self.exec(["true"], timeout=_PROBE_S, user="root", cwd="/")
             except Exception:
                 res = None
             if res is None or not res.ok:

@@ -45,7 +45,10 @@ class SandboxSpec:
         build_context: a folder holding ``dockerfile``; built into a content-addressed, cached image.
         dockerfile: the Dockerfile's path relative to ``build_context``.
         build_timeout_s: bound on the build.
-        workdir: the working folder of commands; ``None``: the image's WORKDIR, else ``/``. Created at start.
+        workdir: the working folder of commands; ``None``: the image's WORKDIR, else ``/``.
+        create_workdir: ``True``: ``workdir`` is created at start when the image lacks it. ``False``: it is only
+            the folder commands run in (Harbor's semantics): never created by the backend, so a command run there
+            while it is missing raises `SandboxPathError` (``field="cwd"``).
         env: environment of every command (an exec's ``env`` is laid over it).
         user: the default user of commands; ``None``: the image's default user.
         cpus, memory_mb, storage_mb, pids_limit, gpus: limits; ``None`` = no limit. A backend that cannot enforce
@@ -65,6 +68,7 @@ class SandboxSpec:
     dockerfile: str = "Dockerfile"
     build_timeout_s: float = 600.0
     workdir: str | None = None
+    create_workdir: bool = True
     env: Mapping[str, str] = field(default_factory=dict)
     user: str | None = None
     cpus: float | None = None

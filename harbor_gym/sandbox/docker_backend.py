@@ -140,7 +140,8 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Resolve or build the image, then create and start the container (workdir created by the engine).
+        """Resolve or build the image, then create and start the container (the workdir is created by the engine
+        unless ``spec.create_workdir`` is false; every exec runs in ``cwd``, else the spec's workdir).
 
         Raises:
             SandboxUnavailableError: a limit the engine cannot enforce (LOAD-24), or no engine.
@@ -244,7 +245,7 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
         probe = "/.hg-storage-probe"
         try:
             res = self.exec(["/bin/sh", "-c", f"dd if=/dev/zero of={probe} bs=1M count=1 2>&1; rc=$?; "
-                             f"rm -f {probe}; exit $rc"], timeout=30, user="root")
+                             f"rm -f {probe}; exit $rc"], timeout=30, user="root", cwd="/")
             text = res.stdout + res.stderr
         except SandboxError as exc:  # the exec wrapper itself could not write its temporary folder
             text = str(exc)
@@ -300,7 +301,7 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
         try:
             exec_id = api.exec_create(
                 cid, dx.wrap(argv, cap), stdout=True, stderr=True, stdin=stdin is not None, user=user or "",
-                environment=dict(env) if env else None, workdir=cwd,
+                environment=dict(env) if env else None, workdir=cwd or self.spec.workdir,
             )["Id"]
             self._count()
             sock = api.exec_start(exec_id, socket=True)

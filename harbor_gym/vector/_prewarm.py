@@ -47,7 +47,7 @@ def prewarm(path: str | Path, *, size: int, config: EnvConfig | Mapping[str, Any
         TaskLoadError: ``path`` is neither a task folder nor a loadable dataset. ConfigError: a bad config or size.
     """
     from harbor_gym.episode._seedplan import seed_plan
-    from harbor_gym.episode._spec import agent_spec, resolved_env
+    from harbor_gym.episode._spec import agent_spec, resolved_env, workdir_created
     from harbor_gym.errors import HarborGymError
     from harbor_gym.sandbox.lease import exit_on_sigterm
     from harbor_gym.sandbox.pool import pool_factory
@@ -79,8 +79,10 @@ def prewarm(path: str | Path, *, size: int, config: EnvConfig | Mapping[str, Any
             env = resolved_env(task.config.environment.env, where="environment.env",
                                allowlist=cfg.host_env_allowlist)  # FMT-15 as the episodes resolve it
             spec = agent_spec(task, env=env, pids_limit=cfg.pids_limit, default_storage_mb=cfg.default_storage_mb,
-                              default_memory_mb=cfg.default_memory_mb)  # the same spec the episodes ask for
-            plan = seed_plan(task)  # the pool episodes claim from: sandboxes seeded ahead (GYM-2)
+                              default_memory_mb=cfg.default_memory_mb,
+                              create_workdir=workdir_created(cfg))  # the same spec the episodes ask for
+            # the pool episodes claim from: sandboxes seeded ahead (GYM-2)
+            plan = seed_plan(task, workdir_must_exist=not spec.create_workdir)
             pool = get_pool(spec, backend=factory.backend, settings=factory.settings, size=size, prepare=plan.apply,
                             prepare_key=plan.key)
         except HarborGymError as exc:

@@ -145,7 +145,9 @@ class ServiceSandbox(DockerSandbox):
             hostname=service.name[:63],
             labels=labels,
             environment=dict(self.spec.env),
-            working_dir=self.spec.workdir,
+            # the compose file's own working_dir is created at create (as docker compose does); the task's
+            # workdir only when the spec asks for that
+            working_dir=self.spec.workdir if self.spec.create_workdir else (self.service.working_dir or None),
             user=self.spec.user,
             healthcheck=healthcheck,
             host_config=api.create_host_config(**hc),

@@ -17,9 +17,10 @@ Layout of one sandbox (see ``_keeper.py`` for the process that owns it):
   with ``host_service_port`` gets ``eth0`` on that bridge even without a network, reaching only that port of the
   host (`harbor_gym.sandbox.host_route`), and is refused where no route is open or the filter cannot be installed;
 - memory (``memory_mb``, the episode layer's default 4096), pids and cpus through cgroups (``_cgroups.py``);
-- ``/proc``, ``/dev``, ``/etc/hosts``, ``/etc/hostname``, the spec's tmpfs mounts, the workdir and ``/logs/{agent,
-  verifier,artifacts}``; a fresh read-only ``/sys`` of the sandbox's network namespace whose ``/sys/fs/cgroup``
-  shows the sandbox's own cgroups, laid out like Docker's, when it has limits (cgroup v1 or v2);
+- ``/proc``, ``/dev``, ``/etc/hosts``, ``/etc/hostname``, the spec's tmpfs mounts, the workdir (unless the spec's
+  ``create_workdir`` is false) and ``/logs/{agent,verifier,artifacts}``; a fresh read-only ``/sys`` of the
+  sandbox's network namespace whose ``/sys/fs/cgroup`` shows the sandbox's own cgroups, laid out like Docker's,
+  when it has limits (cgroup v1 or v2);
 - a lease (`harbor_gym.sandbox.lease`, the process's unless one is given): the keeper ends the sandbox and removes
   everything of it once the lease file has not been renewed for ``lease_ttl_s`` (the trainer died) or is gone.
 
@@ -297,7 +298,8 @@ class LocalSandbox(LocalExecMixin, LocalFilesMixin):
         cfg = {
             "dir": str(self._dir), "lower": str(rootfs), "storage_mb": spec.storage_mb, "lease": str(lease.path),
             "ttl": self.settings.lease_ttl_s, "prefix": prefix, "args": args, "files": files,
-            "dirs": sorted({self.workdir, *_TASK_DIRS} - {"/"}), "cgroups": list(self._cgroups.dirs),
+            "dirs": sorted((({self.workdir} if spec.create_workdir else set()) | set(_TASK_DIRS)) - {"/"}),
+            "cgroups": list(self._cgroups.dirs),
             "cgroup_binds": [list(b) for b in self._cgroups.binds], "private_net": not self._host_network,
             "seccomp": _seccomp.program(_CAPS).hex(),
         }

@@ -15,6 +15,7 @@ from harbor_gym.errors import SessionMismatchError
 from harbor_gym.wrappers import ContinueSession
 
 from env_helpers import DOCKER, labelled_containers
+from task_folders import WORKDIR_KEEP
 
 pytestmark = pytest.mark.docker
 
@@ -42,6 +43,8 @@ def _task(root: Path, steps: dict[str, str], extra: str = "") -> Path:
         os.chmod(step / "tests" / "test.sh", 0o755)
     (root / "task.toml").write_text(text)
     (root / "instruction.md").write_text("never sent\n")
+    (root / "environment").mkdir(exist_ok=True)
+    (root / WORKDIR_KEEP).write_text("")  # /app exists under Harbor semantics too (issue 16)
     return root
 
 

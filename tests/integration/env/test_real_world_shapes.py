@@ -19,10 +19,12 @@ pytestmark = pytest.mark.docker
 
 KV_COMPOSE = """\
 # The real-world shape: image names with defaults, values from .env, Harbor's runner variables, a mount of
-# Harbor's host logs folder (dropped: harbor_gym never bind-mounts host folders).
+# Harbor's host logs folder (dropped: harbor_gym never bind-mounts host folders), and a working_dir, which compose
+# creates at container create (the task's workdir alone is not created under Harbor semantics, issue 16).
 services:
   main:
     image: ${MAIN_IMAGE:-python:3.12-slim}
+    working_dir: /app
     environment:
       WHERE_LOGS: ${ENV_VERIFIER_LOGS_PATH}
     volumes:

@@ -89,6 +89,34 @@ def test_diff_7_prompt_template(tmp_path):
     assert [r.record.instruction.startswith("T: ") for r in h_res] == [True, True]
 
 
+# SPEC: DIFF-9, LOAD-8, LOAD-9
+def test_diff_9_step_network_policies_keep_the_seed_side(tmp_path):
+    # Harbor would switch phase policies where its provider can; no harbor_gym provider switches a running
+    # sandbox's network, so both semantics refuse step policies (LOAD-8) and [verifier] ones of a shared step
+    # (LOAD-9) at load, and honour a [verifier] policy where its sandbox is fresh (separate) without switching.
+    from harbor_gym.config import EnvConfig
+    from harbor_gym.errors import TaskLoadError
+    from harbor_gym.task import load_task
+
+    step_policy = write_task(tmp_path, {"task.toml": toml(['name = "s1"\n[steps.agent]\nnetwork_mode = "no-network"\n']),
+                                        "tests/test.sh": REWARD_1}, "step-policy")
+    shared = write_task(tmp_path, {"task.toml": toml(["s1"], tail='[verifier]\nnetwork_mode = "no-network"\n'),
+                                   "tests/test.sh": REWARD_1}, "shared-policy")
+    for semantics in ("seed", "harbor"):
+        for task, rule in ((step_policy, "LOAD-8"), (shared, "LOAD-9")):
+            with pytest.raises(TaskLoadError) as caught:
+                load_task(task, EnvConfig(semantics=semantics))
+            assert caught.value.rule == rule, (semantics, caught.value)
+    # separate: the verifier sandbox's own table says public, [verifier] says no-network, and the phase wins
+    no_eth0 = "#!/bin/bash\nif [ -e /sys/class/net/eth0 ]; then echo 0; else echo 1; fi > /logs/verifier/reward.txt\n"
+    tail = '[verifier]\nnetwork_mode = "no-network"\n[verifier.environment]\nnetwork_mode = "public"\n'
+    separate = write_task(tmp_path, {"task.toml": toml(["s1"], tail=tail), "tests/test.sh": no_eth0}, "separate")
+    s_res, _ = run_episode(separate, ":", SEED)
+    h_res, _ = run_episode(separate, ":", HARBOR)
+    assert [r.record.verifier_mode for r in s_res + h_res] == ["separate", "separate"]
+    assert s_res[0].record.reward == h_res[0].record.reward == 1.0
+
+
 # SPEC: DIFF-10
 def test_diff_10_first_step_trajectory(tmp_path):
     class Agent:
@@ -190,6 +218,21 @@ def test_diff_17_episode_deadline(tmp_path):
     h_res, harbor = run_episode(task, ":", {**HARBOR, **cfg}, between=wait)
     assert s_res[-1].truncated and seed.failure_kind == "harbor:task_deadline"
     assert not h_res[-1].truncated and harbor.reward == 1.0
+
+
+# SPEC: DIFF-18, TURN-7
+def test_diff_18_healthcheck_attempt_overrun_keeps_the_seed_side(tmp_path):
+    # Seed: an attempt that overruns timeout_sec is a counted failure and polling goes on; Harbor's exec error would
+    # escape its step handler and end the trial, a defect harbor_gym does not copy: both semantics count it (here
+    # attempt 1 overruns and is counted, 1 < retries = 2, and attempt 2 passes; TURN-7 fails the check at 2).
+    hc = ('name = "s1"\n[steps.verifier]\ntimeout_sec = 10\n[steps.healthcheck]\n'
+          'command = "[ -f /tmp/hc ] || { touch /tmp/hc; sleep 30; }"\ntimeout_sec = 1\ninterval_sec = 0.1\n'
+          'retries = 2\n')
+    task = write_task(tmp_path, {"task.toml": toml([hc]), "tests/test.sh": REWARD_1})
+    s_res, seed = run_episode(task, ":", SEED)
+    h_res, harbor = run_episode(task, ":", HARBOR)
+    assert seed.reward == harbor.reward == 1.0
+    assert s_res[0].record.failure_kind is None and h_res[0].record.failure_kind is None
 
 
 # SPEC: DIFF-19

@@ -108,3 +108,27 @@ def test_load_24_allowlist_and_gpus_refused(tmp_path):
     task2 = write_task(tmp_path, {"task.toml": toml(["s1"], env="gpus = 1"), "tests/test.sh": REWARD_1},
                        name="ep-task2")
     assert _refused(task2).rule == "LOAD-24"
+
+
+_VERIFIER_IMAGE = 'docker_image = "debian:bookworm-slim"\n'
+
+
+# SPEC: LOAD-24 (issue 16: every separate verifier environment is checked at seed, before any sandbox starts)
+@pytest.mark.parametrize("tail,steps,field", [
+    pytest.param("[verifier.environment]\n" + _VERIFIER_IMAGE + 'network_mode = "allowlist"\n'
+                 'allowed_hosts = ["example.com"]\n', ["s1"], "verifier.environment.network_mode",
+                 id="verifier-env-allowlist"),
+    pytest.param("", ['name = "s1"\n[steps.verifier]\ntimeout_sec = 10\n[steps.verifier.environment]\n'
+                      + _VERIFIER_IMAGE + 'gpu_types = ["a100"]\n'], "steps.s1.verifier.environment.gpu_types",
+                 id="step-verifier-env-gpu-types"),
+    pytest.param("[verifier.environment]\n" + _VERIFIER_IMAGE + 'tpu = "v5e-1"\n', ["s1"],
+                 "verifier.environment.tpu", id="verifier-env-tpu"),
+    # a phase policy the agent sandbox would have to switch to (FMT-5): refused, not ignored
+    pytest.param('network_mode = "public"\n', ["s1"], "agent.network_mode", id="agent-phase-policy"),
+])
+def test_load_24_verifier_environments_and_phase_policies_refused_at_seed(tmp_path, tail, steps, field):
+    task = write_task(tmp_path, {"task.toml": toml(steps, tail=tail), "tests/test.sh": REWARD_1})
+    # the local provider too, which has no engine-side pre-checks (`_engine_refusals`): refused by seed_refusals
+    for semantics, backend in (("seed", "docker"), ("harbor", "docker"), ("seed", "local")):
+        err = _refused(task, {"semantics": semantics, "backend": backend}, agent=Oracle())
+        assert err.rule == "LOAD-24" and err.field == field, (semantics, backend, err)

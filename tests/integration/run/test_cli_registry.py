@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,31 @@ def test_run_wrong_commit_or_missing_path_is_a_clear_error(tmp_path, registry):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"no task path 'tasks/nope' at commit {sha[:12]}" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _cli(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harbor_gym.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env=env)
+
+
+def test_check_and_validate_take_a_dataset_name(tmp_path, registry, no_leaks):
+    # Issue 16 item 5 (lead's list): `check` and `validate` resolve NAME@VERSION as `run` does; a wrong commit or a
+    # missing task path is the same clear error (exit 2, one line, no traceback)
+    reg, env, sha = registry
+    proc = _cli(env, "check", "demo@1.0")
+    assert proc.returncode == 0 and "OK" in proc.stdout and "cake (2 steps)" in proc.stdout, proc.stdout + proc.stderr
+    proc = _cli(env, "validate", "demo@1.0", "--backend", "docker")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS" in proc.stdout and "cake:" in proc.stdout
+    data = json.loads(reg.read_text())
+    for command, change, expected in (
+            ("check", {"git_commit_id": "f" * 40}, f"commit {'f' * 40} is not in {tmp_path / 'demo.git'}"),
+            ("validate", {"git_commit_id": sha, "path": "tasks/nope"}, f"no task path 'tasks/nope' at commit {sha[:12]}"),
+    ):
+        data[0]["tasks"][0].update(change)
+        data[0]["version"] = "1.1"  # nothing of demo@1.1 is cached
+        reg.write_text(json.dumps(data))
+        proc = _cli(env, command, "demo@1.1")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1, proc.stderr  # one line

@@ -7,7 +7,13 @@ from harbor_gym.episode._freeze import freeze_mode, parse_exempt
 from harbor_gym.episode._outage import WatchedExec, agent_outage_cause
 from harbor_gym.episode._records import ExemptProcess, TurnRecord
 from harbor_gym.episode._shell import parse
-from harbor_gym.episode._stop import ENGINE_ERROR_KIND, TurnFault, decide_turn
+from harbor_gym.episode._stop import (
+    ENGINE_ERROR_KIND,
+    WORKDIR_DELETED_KIND,
+    WORKDIR_MISSING_KIND,
+    TurnFault,
+    decide_turn,
+)
 from harbor_gym.sandbox.base import ExecResult, SandboxState
 
 
@@ -42,6 +48,17 @@ def test_engine_error_is_ungraded_and_not_retryable():
     v = decide_turn(TurnFault.ENGINE_ERROR, is_first=False, is_last=False)
     assert v.ends and v.truncated and not v.graded and not v.retryable and v.failure_kind == ENGINE_ERROR_KIND
     assert decide_turn(TurnFault.OUTAGE, is_first=False, is_last=False).retryable  # TURN-8 unchanged
+
+
+# SPEC: GYM-12 (issue 16: a missing workdir is the task's fault; one deleted after an earlier step the agent's)
+def test_workdir_missing_and_deleted_verdicts():
+    for harbor in (False, True):
+        missing = decide_turn(TurnFault.WORKDIR_MISSING, is_first=True, is_last=False, harbor=harbor)
+        assert missing.ends and missing.terminated and not missing.truncated and not missing.graded
+        assert not missing.retryable and missing.failure_kind == WORKDIR_MISSING_KIND  # no DIFF-4 retry
+        deleted = decide_turn(TurnFault.WORKDIR_DELETED, is_first=False, is_last=False, harbor=harbor)
+        assert deleted.ends and deleted.truncated and not deleted.graded and deleted.retryable  # as GYM-12 outages
+        assert deleted.failure_kind == WORKDIR_DELETED_KIND
 
 
 class _Box:

@@ -49,6 +49,8 @@ def test_plan_key_names_the_preparation(tmp_path):
     (task / "task.toml").write_text(toml.replace("[agent]", '[environment.healthcheck]\ncommand = "true"\n\n[agent]'))
     with_hc = seed_plan(load_task(task))
     assert with_hc.healthcheck is not None and with_hc.key != chmodded.key  # and the healthcheck
+    strict = seed_plan(load_task(task), workdir_must_exist=True)
+    assert strict.workdir_must_exist and strict.key != with_hc.key  # and Harbor's missing-workdir check (issue 16)
 
 
 # SPEC: FMT-10
