@@ -228,6 +228,20 @@ CONF
   chown "$podman_user:" "$home/.config/containers/storage.conf"
   [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" != 666 ] && chmod 0666 /dev/net/tun
   as_user() { (cd / && runuser -u "$podman_user" -- env XDG_RUNTIME_DIR="/run/user/$uid" HOME="$home" "$@"); }
+  # Podman has no daemon that outlives its containers: it trusts its run state (tmpdir, shm locks) to be wiped at
+  # boot. On hosts whose /run is no tmpfs and whose processes can all be killed without a reboot (this CI's machines
+  # between runs), that state keeps containers "Up" whose processes are gone: rootful, the lease reaper then takes
+  # no lease ("open /proc/N/ns/mnt"); rootless, every command fails ("invalid internal status ... pause process").
+  # When no process of a store is alive, its state is stale by definition: dropping the "alive" mark makes podman
+  # refresh it at its next start exactly as after a reboot.
+  if ! pgrep -u 0 -x conmon >/dev/null && ! pgrep -u 0 -x podman >/dev/null && [ -e /run/libpod/alive ]; then
+    log "rootful podman: no conmon or podman process alive, its run state is stale: refreshed as after a reboot"
+    rm -f /run/libpod/alive /dev/shm/libpod_lock
+  fi
+  if ! pgrep -u "$uid" >/dev/null && [ -e "/run/user/$uid/libpod/tmp/alive" ]; then
+    log "rootless podman: no process of $podman_user alive, its run state is stale: refreshed as after a reboot"
+    rm -f "/run/user/$uid/libpod/tmp/alive" "/run/user/$uid/libpod/tmp/pause.pid" "/dev/shm/libpod_rootless_lock_$uid"
+  fi
   # The local base image in both stores (podman, rootful and rootless, has no registry either).
   if ! podman image exists "$base_image" 2>/dev/null; then
     log "importing $base_image into rootful podman's store"

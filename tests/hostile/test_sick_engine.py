@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -23,64 +22,11 @@ from harbor_gym.sandbox.docker_backend import DockerSandbox
 from harbor_gym.task import load_task
 
 from .helpers import BASE_IMAGE, LABEL_FILTER, config, grade, toml, write_task
+from private_engine import PrivateEngine
 
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(os.geteuid() != 0, reason="starting a dockerd needs root")]
 
 OUTAGE = "harbor_gym:sandbox_outage"
-
-
-class PrivateEngine:
-    """A dockerd of our own under ``root`` (short path: unix sockets are limited to 108 bytes)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.sock = f"unix://{root}/docker.sock"
-        self.pidfile = root / "docker.pid"
-        self.log = root / "dockerd.log"
-
-    def start(self, wait_s: float = 60) -> None:
-        import docker
-
-        # Its own network namespace: a dockerd started with `--bridge none` deletes the host's docker0 on start
-        # (libnetwork's removeDefaultBridgeInterface), which would break the host engine for every other test.
-        args = ["unshare", "--net", "dockerd", "--host", self.sock, "--data-root", str(self.root / "data"),
-                "--exec-root", str(self.root / "exec"), "--pidfile", str(self.pidfile), "--bridge", "none",
-                "--iptables=false", "--ip-masq=false"]
-        with open(self.log, "a") as log:
-            subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            try:
-                client = docker.DockerClient(base_url=self.sock, version="1.41", timeout=5)
-                client.ping()
-                client.close()
-                return
-            except Exception:  # not up yet
-                time.sleep(0.2)
-        raise RuntimeError(f"private dockerd did not come up: {self.log.read_text()[-2000:]}")
-
-    def stop(self, wait_s: float = 30) -> None:
-        try:
-            pid = int(self.pidfile.read_text())
-        except (OSError, ValueError):
-            return
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
-
-    def client(self):
-        import docker
-
-        return docker.DockerClient(base_url=self.sock, version="1.41", timeout=30)
 
 
 @pytest.fixture(scope="module")
