@@ -237,19 +237,25 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     """Remove what crashed runs left behind (labelled, lease expired): Docker resources and local sandboxes;
     with --images also the build cache. Resources of live runs are never touched."""
     from harbor_gym.errors import SandboxUnavailableError
+    from harbor_gym.sandbox.engines import EngineSet
     from harbor_gym.sandbox.gc import collect_garbage
     from harbor_gym.sandbox.local import collect_local_garbage
 
     status = EXIT_OK
-    try:
-        report = collect_garbage(images=args.images)
-    except SandboxUnavailableError as exc:
-        _say(_out, "", f"docker: skipped ({exc})")
-    else:
+    for url in args.engine or [None]:
+        where = "docker" if url is None else f"docker {url}"
+        try:
+            client = None if url is None else EngineSet([url]).engines[0].client
+            report = collect_garbage(images=args.images, client=client)
+        except SandboxUnavailableError as exc:
+            _say(_out, "", f"{where}: skipped ({exc})")
+            if url is not None:
+                status = EXIT_FAILED
+            continue
         for kind in ("containers", "networks", "volumes", "images"):
             names = getattr(report, kind)
-            _say(_out, "", f"docker {kind}: {len(names)} removed" + (f" ({', '.join(names)})" if names else ""))
-        _say(_out, "", f"docker: {len(report.kept_live)} kept (their runs are live)")
+            _say(_out, "", f"{where} {kind}: {len(names)} removed" + (f" ({', '.join(names)})" if names else ""))
+        _say(_out, "", f"{where}: {len(report.kept_live)} kept (their runs are live)")
         for error in report.errors:
             _say(_err, "", f"harbor-gym gc: {error}")
             status = EXIT_FAILED
@@ -335,9 +341,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     agent_args = _agent_args(args)
     agent = resolve_agent(args.agent, agent_args)
-    config = EnvConfig.coerce({"backend": _engine_backend(args.backend, "run"), "labels": _parse_labels(args.label),
+    if args.engine and args.backend not in ("auto", "docker"):
+        raise UsageError(f"--engine names Docker engines; --backend {args.backend} cannot use them")
+    config = EnvConfig.coerce({"backend": "docker" if args.engine else _engine_backend(args.backend, "run"),
+                               "engines": list(args.engine), "labels": _parse_labels(args.label),
                                "semantics": args.semantics, "retry_agent_outages": args.retry_agent_outages,
                                "model_upstream": _model_upstream(args)})  # a bad --base-url: ConfigError, exit 2
+    if args.engine:
+        _say(_err, "", f"harbor-gym run: {len(args.engine)} engine(s), least in-flight episodes first: "
+                       + ", ".join(args.engine))
     try:
         targets = load_targets(args.path, config)
     except (TaskLoadError, DatasetError) as exc:  # the one task, the dataset's settings, its registry: nothing runs
@@ -421,6 +433,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="docker (an engine must answer, else exit 2), podman (its socket found or its service started), "
                           "local (bubblewrap), or auto (default: docker "
                           "when an engine answers, else local, announced in one line)")
+    run.add_argument("--engine", action="append", default=[], metavar="URL",
+                     help="a Docker engine to spread episodes over (unix://, tcp://, ssh://; repeat for several; "
+                          "EnvConfig.engines); default: the one DOCKER_HOST names")
     run.add_argument("--semantics", choices=["seed", "harbor"], default="seed",
                      help="SPEC §14: seed (default) or harbor (Harbor 0.25's side)")
     run.add_argument("--rollouts-per-task", "-k", type=int, default=1, metavar="K")
@@ -478,6 +493,9 @@ def _parser() -> argparse.ArgumentParser:
 
     gc = sub.add_parser("gc", help="remove sandboxes, networks and volumes that crashed runs left behind")
     gc.add_argument("--images", action="store_true", help="also remove harbor_gym's cached build images")
+    gc.add_argument("--engine", action="append", default=[], metavar="URL",
+                    help="collect on this Docker engine instead of DOCKER_HOST's (repeat for several); a remote one "
+                         "(tcp://, ssh://) is judged by the leases in its reaper, so other hosts' live runs stay")
     gc.set_defaults(func=_cmd_gc)
     return parser
 

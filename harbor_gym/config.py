@@ -208,6 +208,20 @@ class EnvConfig(BaseModel):
 
     # --- sandboxes -------------------------------------------------------------------------------------
     backend: BackendName = Field(BackendName.AUTO, description="'auto' (docker if an engine answers, else local), 'docker', 'podman' or 'local'.")
+    engines: tuple[str, ...] = Field(
+        (), description="Issue 17: Docker host URLs (unix://, tcp://, ssh://) whose engines share this config's "
+        "episodes (harbor_gym.sandbox.engines: least in-flight episodes first; an engine that stops answering is out "
+        "for engine_probe_interval_s, its episodes' outages naming it). Empty: the one engine the environment names "
+        "(DOCKER_HOST). Needs backend 'docker' or 'auto'.",
+    )
+    engine_sockets: dict[str, str] = Field(
+        default_factory=dict, description="Issue 17: engine URL -> the path of that engine's socket on its own host, "
+        "mounted into its lease reaper (default: a unix:// URL's path, else /var/run/docker.sock).",
+    )
+    engine_probe_interval_s: float = Field(
+        30.0, gt=0, allow_inf_nan=False, description="Issue 17: how long an engine of `engines` that stopped "
+        "answering stays out before it is probed again.",
+    )
     seed_retries: int = Field(2, ge=0, description="GYM-2: retries of a sandbox outage while seeding.")
     pull_policy: PullPolicy | None = Field(None, description="None: the host settings file's (default 'missing').")
     image_aliases: dict[str, str] | None = Field(
@@ -312,6 +326,28 @@ class EnvConfig(BaseModel):
         except jinja2.TemplateSyntaxError as exc:
             raise ValueError(f"prompt_template is not a valid Jinja2 template: {exc}") from exc
         return value
+
+    @field_validator("engines")
+    @classmethod
+    def _engine_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from harbor_gym.sandbox.engines import ENGINE_URL_SCHEMES
+
+        for url in value:
+            if not isinstance(url, str) or not url.startswith(ENGINE_URL_SCHEMES) or not url.split("://", 1)[1]:
+                raise ValueError(f"engines: {url!r} is not a Docker host URL ({', '.join(ENGINE_URL_SCHEMES)})")
+        if len(set(value)) != len(value):
+            raise ValueError("engines: an engine is listed twice")
+        return tuple(value)
+
+    @model_validator(mode="after")
+    def _engines_need_docker(self) -> "EnvConfig":
+        if self.engines and self.backend not in (BackendName.AUTO, BackendName.DOCKER):
+            raise ValueError(f"engines are Docker engines; backend {self.backend.value!r} cannot use them (use "
+                             "'docker' or 'auto')")
+        unknown = sorted(set(self.engine_sockets) - set(self.engines))
+        if unknown:
+            raise ValueError(f"engine_sockets names {unknown[0]!r}, which is not one of engines")
+        return self
 
     @model_validator(mode="after")
     def _upstream_key_unreadable(self) -> "EnvConfig":

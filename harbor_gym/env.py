@@ -163,6 +163,8 @@ class HarborEnv(gym.Env[dict, Any]):
         sandboxes decide it (once per process: docker when an engine answers)."""
         from harbor_gym.sandbox import choose_backend
 
+        if self.config.engines:  # issue 17: EnvConfig.engines are Docker engines
+            return "docker"
         return choose_backend(getattr(self.config.backend, "value", self.config.backend))
 
     @property

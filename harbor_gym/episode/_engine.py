@@ -53,8 +53,10 @@ from harbor_gym.episode._turnstate import (
     one_line,
 )
 from harbor_gym.episode._verify import _VerifyPhase
-from harbor_gym.errors import ResetNeededError, SandboxError
+from harbor_gym.errors import ResetNeededError, SandboxError, SeedRefusedError
+from harbor_gym.sandbox._engine import engine_scope
 from harbor_gym.sandbox.base import ExecResult, Sandbox, SandboxSettings, SandboxSpec
+from harbor_gym.sandbox.engines import Engine, engine_set
 from harbor_gym.task import Step, Task
 
 __all__ = ["Episode", "EpisodeState", "SETUP_FAILED", "WORKDIR_FAILED", "HEALTHCHECK_FAILED", "ENGINE_ERROR_KIND",
@@ -74,6 +76,13 @@ class EpisodeState(str, enum.Enum):
     RUNNING = "running"
     OVER = "over"
     CLOSED = "closed"
+
+
+def _is_pool_factory(factory: Any) -> bool:
+    """True iff ``factory`` is the warm pools' (which claim on the engine of the episode's scope, issue 17)."""
+    from harbor_gym.sandbox.pool import PoolFactory
+
+    return isinstance(factory, PoolFactory)
 
 
 def _default_factory(config: EnvConfig) -> Callable[[SandboxSpec], Sandbox]:
@@ -155,6 +164,11 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         self._activated = False
         #: Issue 18: the episode's capture-proxy session (`EnvConfig.model_upstream`), else None.
         self._proxy: EpisodeProxy | None = None
+        #: Issue 17: the engines of `EnvConfig.engines` and the one this episode was placed on (while it holds it).
+        self._engines = engine_set(self.config.engines, self.config.engine_sockets,
+                                   probe_interval_s=self.config.engine_probe_interval_s) \
+            if self.config.engines and (sandbox_factory is None or _is_pool_factory(sandbox_factory)) else None
+        self._engine: Engine | None = None
 
     # --- public state ------------------------------------------------------------------------------------
     @property
@@ -196,6 +210,11 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
     def sandbox(self) -> Sandbox | None:
         """The agent sandbox while it runs (for inspection; never needed to drive the episode)."""
         return self._sandbox
+
+    @property
+    def engine_url(self) -> str | None:
+        """Issue 17: the URL of the engine of `EnvConfig.engines` this episode runs on (``None`` without them)."""
+        return self._engine.url if self._engine is not None else None
 
     @property
     def session(self) -> Session | None:
@@ -242,6 +261,11 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         self._agent_spec = spec
         self._clock = DeadlineClock(self._deadline(), wall=self.config.deadline_clock.value == "wall")
         self._logs = EpisodeLogs(self.config.logs_root, self.task.id)
+        if self._engines is not None and self.config.model_upstream is not None:
+            raise SeedRefusedError("model_upstream needs the capture proxy's route on the engine's host, which "
+                                   "harbor_gym opens only for the environment's engine: unset EnvConfig.engines or "
+                                   "model_upstream", path=self.task.path / "task.toml", field="EnvConfig.engines",
+                                   rule="LOAD-24")
         try:
             if self.config.model_upstream is not None:  # issue 18: refused here, before any sandbox starts
                 self._proxy = open_episode_proxy(self.config.model_upstream, backend=self._backend_name(),
@@ -255,6 +279,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
                 self._stop_sandboxes()
             finally:
                 self._close_proxy()
+                self._release_engine()
             self._logs.close()
             self._state = EpisodeState.CLOSED
             raise
@@ -281,7 +306,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
                 field="Episode.run_turn", rule="GYM-7")
         agent = as_agent(action)
         self._sessions.check(action, index=self.turn_index, step_name=self.task.steps[self.turn_index].name)
-        with self._clock.inside():
+        with self._clock.inside(), engine_scope(self._engine.client if self._engine is not None else None):
             return self._run_turn(agent)
 
     def result(self) -> EpisodeResult:
@@ -304,6 +329,7 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
                     self._stop_sandboxes()
                 finally:
                     self._close_proxy()
+                    self._release_engine()
         finally:
             if self._logs is not None:
                 self._logs.close()
@@ -341,6 +367,10 @@ class Episode(_SeedPhase, _PreparePhase, _ActivatePhase, _CollectPhase, _VerifyP
         except SandboxError as exc:
             _log.warning("sandbox outage in turn %s of %s: %s", step.name, self.task.id, exc)
             fault, t.cause = TurnFault.OUTAGE, self._outage_cause(exc)
+            if self._engine is not None and self._engines is not None:  # issue 17: name an engine that is out
+                down = self._engines.check(self._engine)
+                if down is not None:
+                    t.cause = f"{down}: {t.cause}"
             if self._activated and not t.agent_caused:  # GYM-12: did the agent break its sandbox?
                 t.outage_cause = agent_outage_cause(self._sandbox)
                 t.agent_caused = t.outage_cause is not None

@@ -18,6 +18,7 @@ from harbor_gym.errors import (
     SeedError,
     SeedRefusedError,
 )
+from harbor_gym.sandbox._engine import engine_scope
 from harbor_gym.sandbox.base import Sandbox, SandboxSettings, SandboxSpec
 
 __all__: list[str] = []
@@ -36,6 +37,8 @@ class _SeedPhase:
         name = self.config.backend.value
         if name != "auto":
             return name
+        if self._engines is not None:  # issue 17: EnvConfig.engines are Docker engines
+            return "docker"
         from harbor_gym.sandbox.pool import PoolFactory
 
         if isinstance(self._factory, PoolFactory):  # its backend was resolved when it was made
@@ -66,10 +69,13 @@ class _SeedPhase:
         last: HarborGymError | None = None
         for attempt in range(attempts):
             try:
-                self._seed_once(spec, plan)
+                self._place()
+                with engine_scope(self._engine.client if self._engine is not None else None):
+                    self._seed_once(spec, plan)
                 return
             except SandboxUnavailableError as exc:
                 self._stop_sandboxes()
+                exc = self._engine_out(exc)
                 if exc.retryable:  # the engine does not answer: an outage, retried (GYM-2), never a refusal
                     last = exc
                     _log.warning("no engine answers while seeding %s (attempt %d/%d): %s", self.task.id,
@@ -79,6 +85,7 @@ class _SeedPhase:
                                        field="environment", rule="LOAD-24") from exc
             except ImageError as exc:
                 self._stop_sandboxes()
+                exc = self._engine_out(exc)
                 if exc.retryable:  # the engine failed while resolving the image: an outage (GYM-2)
                     last = exc
                     _log.warning("image outage while seeding %s (attempt %d/%d): %s", self.task.id, attempt + 1,
@@ -88,11 +95,38 @@ class _SeedPhase:
                                 rule="GYM-2", retryable=False) from exc
             except SandboxError as exc:
                 self._stop_sandboxes()
-                last = exc
+                last = self._engine_out(exc)
                 _log.warning("sandbox outage while seeding %s (attempt %d/%d): %s", self.task.id, attempt + 1,
                              attempts, exc)
         raise SeedError(f"sandbox outage while seeding, {attempts} attempt(s): {last}", path=self.task.path,
                         rule="GYM-2", retryable=True) from last
+
+    def _place(self) -> None:
+        """Issue 17: place the episode on an engine of `EnvConfig.engines` (least in-flight first) unless it holds
+        one. Raises `SandboxUnavailableError` (retryable) when every engine is out, naming each one's cause."""
+        if self._engines is not None and self._engine is None:
+            self._engine = self._engines.acquire()
+
+    def _engine_out(self, exc: Any) -> Any:
+        """After a failed seeding attempt on a placed engine: give the engine back, and if it stopped answering,
+        take it out and return ``exc``'s kind of error (retryable) naming the engine; else ``exc``."""
+        engine = self._engine
+        if engine is None or self._engines is None:
+            return exc
+        self._release_engine()
+        down = self._engines.check(engine)
+        if down is None:
+            return exc
+        reason = getattr(exc, "reason", str(exc))
+        if isinstance(exc, (SandboxUnavailableError, ImageError)):
+            return type(exc)(f"{down}: {reason}", field="EnvConfig.engines", retryable=True)
+        return SandboxError(f"{down}: {reason}", retryable=True)
+
+    def _release_engine(self) -> None:
+        """Give the episode's engine back to the set (idempotent)."""
+        if self._engine is not None and self._engines is not None:
+            self._engines.release(self._engine)
+        self._engine = None
 
     def _main_from_factory(self) -> bool:
         """True iff the agent sandbox comes from the sandbox factory (False: service ``main`` of a compose group)."""

@@ -153,6 +153,8 @@ class _Runner:
         process; the CLI decides and announces it before the run)."""
         from harbor_gym.sandbox import choose_backend
 
+        if self.opts.config.engines:  # issue 17: EnvConfig.engines are Docker engines
+            return "docker"
         return choose_backend(getattr(self.opts.config.backend, "value", self.opts.config.backend))
 
     def _row(self, result: RolloutResult) -> RolloutRow | FailureRow:

@@ -6,19 +6,21 @@ Library code talks to the engine only through the Docker SDK (never the docker C
 
 from __future__ import annotations
 
-import logging
 import atexit
+import contextlib
+import contextvars
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, NoReturn
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, NoReturn
 
 from harbor_gym.errors import SandboxError, SandboxPathError, SandboxUnavailableError
 
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["get_client", "engine_answers", "RequestCounter", "count_requests", "translate_error", "engine_info",
+__all__ = ["get_client", "default_client", "engine_scope", "scoped_client", "engine_key", "is_remote", "engine_answers", "RequestCounter", "count_requests", "translate_error", "engine_info",
            "StorageSupport", "storage_driver_support", "storage_support", "STORAGE_NEEDS"]
 
 log = logging.getLogger("harbor_gym.sandbox")
@@ -38,10 +40,65 @@ STORAGE_NEEDS = ("a storage driver that enforces `--storage-opt size`: overlay2 
 REQUEST_TIMEOUT_S = 120.0
 
 
+#: The engine client of the episode being seeded or run in this context (`engine_scope`), else None.
+_scope: contextvars.ContextVar["docker.DockerClient | None"] = contextvars.ContextVar("harbor_gym_engine",
+                                                                                       default=None)
+
+
+@contextlib.contextmanager
+def engine_scope(client: "docker.DockerClient | None") -> Iterator[None]:
+    """Within the block (in this thread or task), `get_client` returns ``client``: every sandbox, compose group
+    and image made there uses that engine (``EnvConfig.engines``, `harbor_gym.sandbox.engines`). ``None`` changes
+    nothing. A sandbox binds its client when it is constructed, so it keeps its engine outside the block."""
+    if client is None:
+        yield
+        return
+    token = _scope.set(client)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def scoped_client() -> "docker.DockerClient | None":
+    """The client of the enclosing `engine_scope`, else ``None``."""
+    return _scope.get()
+
+
+def engine_key(client: Any) -> str:
+    """A text naming the engine ``client`` talks to (its URL; for a unix socket, the socket's path)."""
+    adapter = getattr(getattr(client, "api", None), "_custom_adapter", None)
+    path = getattr(adapter, "socket_path", None)
+    return f"unix://{path}" if path else str(getattr(getattr(client, "api", None), "base_url", ""))
+
+
+def is_remote(client: Any) -> bool:
+    """True iff ``client`` reaches its engine over the network (``tcp://``, ``ssh://``): the engine's host is not
+    known to be this one, so nothing of this host's filesystem may be bind-mounted there (issue 17)."""
+    adapter = getattr(getattr(client, "api", None), "_custom_adapter", None)
+    if adapter is not None and getattr(adapter, "socket_path", None):
+        return False
+    base = str(getattr(getattr(client, "api", None), "base_url", ""))
+    return not base.startswith("http+docker://") or "ssh" in type(adapter).__name__.lower()
+
+
 def get_client() -> "docker.DockerClient":
-    """The process's shared Docker SDK client (from the environment: ``DOCKER_HOST`` etc.), created on first use.
+    """The client of the enclosing `engine_scope` if any, else the process's shared Docker SDK client (from the
+    environment: ``DOCKER_HOST`` etc.), created on first use.
 
     A forked child gets its own client (sockets are not shared across a fork).
+
+    Raises:
+        SandboxUnavailableError: the Docker SDK cannot build a client (no engine configured).
+    """
+    scoped = _scope.get()
+    if scoped is not None:
+        return scoped
+    return default_client()
+
+
+def default_client() -> "docker.DockerClient":
+    """The process's shared Docker SDK client of the engine the environment names, whatever scope is in force.
 
     Raises:
         SandboxUnavailableError: the Docker SDK cannot build a client (no engine configured).
@@ -193,7 +250,7 @@ def storage_support(client: "docker.DockerClient") -> StorageSupport:
         info = engine_info(client)
     except Exception as exc:
         translate_error(exc, what="read the engine's storage driver")
-    key = str(info.get("ID") or id(client))
+    key = f"{engine_key(client)}|{info.get('ID') or id(client)}"  # engines of one host share an ID (key.json)
     with _lock:
         known = _storage.get(key)
     if known is not None:

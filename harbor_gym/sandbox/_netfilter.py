@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import _route_chain, _spoofguard
-from harbor_gym.sandbox._engine import engine_info, translate_error
+from harbor_gym.sandbox._engine import engine_info, engine_key, is_remote, translate_error
 from harbor_gym.sandbox.base import MANAGED_LABEL
 
 if TYPE_CHECKING:
@@ -193,7 +193,8 @@ def _cached(client: "docker.DockerClient", name: str, options: dict[str, str], *
 
 def _engine_key(client: "docker.DockerClient") -> str:
     try:
-        return str(engine_info(client).get("ID") or id(client))
+        # Two engines of one host share an ID (from the host's /etc/docker/key.json): the URL tells them apart
+        return f"{engine_key(client)}|{engine_info(client).get('ID') or id(client)}"
     except Exception:  # the engine does not answer: key by client, the next call fails as it should
         return str(id(client))
 
@@ -227,6 +228,9 @@ def _ensure(client: "docker.DockerClient", name: str = PUBLIC_NETWORK, options: 
     gateway = next((c.get("Gateway") for c in (attrs.get("IPAM") or {}).get("Config") or [] if c.get("Gateway")),
                    None)
     iface = have.get("com.docker.network.bridge.name") or options["com.docker.network.bridge.name"]
+    if is_remote(client):  # issue 17: the bridge lives on the engine's host, out of this host's firewall
+        return PublicNetwork(name, gateway, f"the engine {engine_key(client)} is remote: its bridge {iface} is on "
+                             "another host, whose firewall harbor_gym does not set")
     return PublicNetwork(name, gateway, _install_filter(iface, gateway))
 
 
@@ -275,6 +279,8 @@ def bind_container(client: "docker.DockerClient", container_id: str) -> list[_sp
         SandboxUnavailableError: an interface on such a bridge cannot be found or bound (the caller stops the
             container; bindings made before the failure are removed).
     """
+    if is_remote(client):  # its ports are on the engine's host: unguarded, as its network is unfiltered (refused
+        return []          # at seed unless EnvConfig.unfiltered_network = "allow")
     try:
         attrs = client.api.inspect_container(container_id)
     except Exception as exc:

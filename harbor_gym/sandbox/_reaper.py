@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from harbor_gym.errors import SandboxUnavailableError
 from harbor_gym.sandbox import _reaper_script
+from harbor_gym.sandbox._engine import engine_key
 from harbor_gym.sandbox.base import SandboxSettings
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     from harbor_gym.sandbox.lease import Lease
 
 __all__ = ["REAPER_NAME", "REAPER_LABEL", "REAPER_IMAGE", "LEASE_LABEL", "REAPED_BY_LABEL", "EngineLease", "attach",
-           "ensure_reaper", "reaper_socket", "lease_labels"]
+           "ensure_reaper", "reaper_socket", "lease_labels", "lease_records"]
 
 log = logging.getLogger("harbor_gym.sandbox")
 
@@ -182,23 +183,66 @@ def _ensure_running(client: "docker.DockerClient", settings: SandboxSettings) ->
     api = client.api
     from harbor_gym.sandbox import _podman
 
+    created = False
     try:
         attrs = api.inspect_container(REAPER_NAME)
     except docker.errors.NotFound:
-        _create(client, settings)
+        created = _create(client, settings)
         attrs = api.inspect_container(REAPER_NAME)
     if not _podman.reaper_mount_current(client, attrs):  # podman's socket moved since: a reaper that reaches it
         log.info("lease reaper %s: podman's socket moved; recreating it", REAPER_NAME)
         api.remove_container(REAPER_NAME, force=True)
-        _create(client, settings)
+        created = _create(client, settings)
         attrs = api.inspect_container(REAPER_NAME)
     state = attrs.get("State") or {}
     if state.get("Status") in ("removing", "dead"):  # being removed (by hand, or as an old version): wait, recreate
         raise docker.errors.APIError(f"{REAPER_NAME} is being removed",
                                      response=_Status(409), explanation="being removed")
     if not state.get("Running"):
-        api.start(REAPER_NAME)
+        try:
+            api.start(REAPER_NAME)
+        except docker.errors.APIError as exc:
+            if exc.status_code in (404, 409):
+                raise
+            # A reaper that exists but cannot start (podman after its run state was refreshed keeps the runtime's
+            # state of the old container id: "container with given ID already exists"): a new one has a new id.
+            log.warning("lease reaper %s cannot start (%s); recreating it", REAPER_NAME, exc.explanation or exc)
+            api.remove_container(REAPER_NAME, force=True)
+            created = _create(client, settings)
+            attrs = api.inspect_container(REAPER_NAME)
+            api.start(REAPER_NAME)
+    if created:
+        _check_engine(client)
     return attrs
+
+
+def _check_engine(client: "docker.DockerClient") -> None:
+    """A new reaper's socket must reach the engine it runs on (else it would judge another engine's resources by
+    this engine's leases): asked once, through the reaper itself (``--check-engine``; it also checks at each start).
+
+    Raises:
+        SandboxUnavailableError: it reaches another engine or none (the reaper is removed), naming the socket.
+    """
+    api = client.api
+    exec_id = api.exec_create(REAPER_NAME, ["python3", _SCRIPT_PATH, "--check-engine"], user="0")["Id"]
+    seen = api.exec_start(exec_id).decode("utf-8", "replace").strip()
+    if seen == "ok":
+        return
+    try:
+        api.remove_container(REAPER_NAME, force=True)
+    except Exception as exc:
+        log.debug("removing a reaper that reaches another engine failed: %s", exc)
+    raise SandboxUnavailableError(
+        f"the lease reaper on engine {engine_key(client)} mounts {_socket_for(client)} of the engine's host, which "
+        f"is not that engine's socket ({seen[-300:]}): name the engine's socket path with EnvConfig.engine_sockets "
+        "(or HARBOR_GYM_REAPER_SOCKET)", field="EnvConfig.engine_sockets", retryable=False)
+
+
+def _socket_for(client: "docker.DockerClient") -> str:
+    """The engine socket's path on the engine's host: the one its engine set names, else `reaper_socket`."""
+    from harbor_gym.sandbox.engines import REAPER_SOCKET_ATTR
+
+    return getattr(client, REAPER_SOCKET_ATTR, None) or reaper_socket()
 
 
 class _Status:
@@ -227,8 +271,8 @@ def _remove_idle_old_reapers(api: Any) -> None:
         log.debug("removing idle old reapers failed: %s", exc)
 
 
-def _create(client: "docker.DockerClient", settings: SandboxSettings) -> None:
-    """Create the reaper (not started), upload its program and the lease folder."""
+def _create(client: "docker.DockerClient", settings: SandboxSettings) -> bool:
+    """Create the reaper (not started), upload its program and the lease folder. False: another process made it."""
     import docker.errors
 
     from harbor_gym.sandbox import images
@@ -239,7 +283,7 @@ def _create(client: "docker.DockerClient", settings: SandboxSettings) -> None:
     image = images.ensure_image(client, SandboxSpec(image=REAPER_IMAGE, name_hint="reaper"), settings)
     api = client.api
     binds, environment = _podman.reaper_mount(client) or (
-        {reaper_socket(): {"bind": _reaper_script.SOCKET, "mode": "rw"}}, {})
+        {_socket_for(client): {"bind": _reaper_script.SOCKET, "mode": "rw"}}, {})
     host_config = api.create_host_config(
         restart_policy={"Name": "unless-stopped"},
         binds=binds,
@@ -255,7 +299,7 @@ def _create(client: "docker.DockerClient", settings: SandboxSettings) -> None:
                              environment={"HARBOR_GYM_REAPER_NAME": REAPER_NAME, **environment})
     except docker.errors.APIError as exc:
         if exc.status_code == 409:  # another process made it
-            return
+            return False
         raise
     try:
         _install(api)
@@ -265,12 +309,34 @@ def _create(client: "docker.DockerClient", settings: SandboxSettings) -> None:
         except Exception as exc:
             log.debug("removing a half-made reaper failed: %s", exc)
         raise
+    return True
 
 
 def _install(api: Any) -> None:
     """Upload the reaper's program and its lease folder into the reaper container (idempotent: also repairs a
     reaper whose creator died between creating and uploading)."""
     api.put_archive(REAPER_NAME, "/", _tar({_SCRIPT_PATH.lstrip("/"): _SCRIPT}, dirs=("leases",)))
+
+
+def lease_records(client: "docker.DockerClient") -> dict[str, str] | None:
+    """The lease files in this engine's reaper (run id -> content: a renewal's Unix time or ``released``), read
+    through the engine API; ``None`` when no reaper of this version runs there (nothing can be judged by it)."""
+    import docker.errors
+
+    try:
+        stream, _stat = client.api.get_archive(REAPER_NAME, "/leases")
+    except docker.errors.NotFound:
+        return None
+    data = io.BytesIO(b"".join(stream))
+    found: dict[str, str] = {}
+    with tarfile.open(fileobj=data, mode="r:") as tar:
+        for member in tar.getmembers():
+            if not member.isfile():
+                continue
+            handle = tar.extractfile(member)
+            if handle is not None:
+                found[member.name.rsplit("/", 1)[-1]] = handle.read(64).decode("ascii", "replace").strip()
+    return found
 
 
 class EngineLease:

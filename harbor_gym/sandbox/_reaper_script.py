@@ -267,10 +267,30 @@ def _forget_old_leases(now: float) -> None:
             pass
 
 
+def reaches_own_engine() -> str:
+    """"" if the socket reaches the engine this container runs on (it knows this container: the hostname is the
+    container's short id, which the engine gave it), else why not. A socket that reaches another engine (a misnamed
+    ``EnvConfig.engine_sockets``) would judge that engine's live resources by these leases, so it never reaps."""
+    me = socket.gethostname()
+    try:
+        status, body = call("GET", f"/containers/{urllib.parse.quote(me)}/json", timeout=30)
+    except Exception as exc:  # no engine there
+        return f"{SOCKET} reaches no engine ({exc!r})"
+    if status == 200 and str(json.loads(body).get("Id", "")).startswith(me):
+        return ""
+    return f"the engine at {SOCKET} does not know this container ({me}): it is another engine"
+
+
 def main() -> None:
     """Reap forever. The start time is kept in `STARTED` (first start of this container: a restart by the engine
     keeps the lease files, so the grace for lease-less resources counts from the container's first start)."""
     os.makedirs(LEASES, exist_ok=True)
+    while True:
+        wrong = reaches_own_engine()
+        if not wrong:
+            break
+        print(f"reaper: not reaping: {wrong}", file=sys.stderr, flush=True)
+        time.sleep(30)
     try:
         started = float(open(STARTED).read())
     except (OSError, ValueError):
@@ -293,4 +313,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--check-engine"]:
+        print(reaches_own_engine() or "ok")
+    else:
+        main()

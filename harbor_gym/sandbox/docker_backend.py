@@ -36,7 +36,7 @@ from harbor_gym.sandbox import images, lease as leases
 from harbor_gym.sandbox._docker_container import TTL_LABEL, DockerContainerMixin, storage_limit_supported
 from harbor_gym.sandbox._docker_files import DockerFilesMixin
 from harbor_gym.sandbox._docker_outage import DockerOutageMixin
-from harbor_gym.sandbox._engine import get_client, translate_error
+from harbor_gym.sandbox._engine import get_client, scoped_client, translate_error
 from harbor_gym.sandbox.base import (
     ExecResult,
     SandboxSettings,
@@ -92,7 +92,7 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
     ) -> None:
         self.spec = spec
         self.settings = settings or SandboxSettings()
-        self._client = client
+        self._client = client if client is not None else scoped_client()  # the episode's engine, if any
         self._lease = lease
         hint = _NAME_BAD.sub("-", spec.name_hint).strip("-._")[:40] or "sandbox"
         self.name = f"hg-{hint}-{secrets.token_hex(3)}"

@@ -9,17 +9,21 @@ public network (``io.harbor-gym.shared``) belongs to no run: it is removed only 
 
 The engine's lease reaper (`harbor_gym.sandbox._reaper`) carries no managed label: gc neither counts nor removes it.
 It removes the resources of dead runs by itself within ``lease_ttl_s`` + 20 s, judging by the leases renewed into it
-(any host's runs); gc judges by this host's lease files, so run it where the trainers run.
+(any host's runs); gc judges a local engine's resources by this host's lease files, so run it where the trainers
+run, and a remote engine's (``tcp://``, ``ssh://``; ``harbor-gym gc --engine URL``) by the leases in that engine's
+reaper, so that another host's live run is never touched.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harbor_gym.errors import SandboxUnavailableError
-from harbor_gym.sandbox._engine import get_client
+from harbor_gym.sandbox._engine import engine_key, get_client, is_remote
+from harbor_gym.sandbox._reaper import LEASE_LABEL, lease_records
 from harbor_gym.sandbox._netfilter import SHARED_LABEL
 from harbor_gym.sandbox.base import MANAGED_LABEL, RUN_LABEL
 from harbor_gym.sandbox.docker_backend import TTL_LABEL
@@ -54,15 +58,36 @@ class GcReport:
         return len(self.containers) + len(self.networks) + len(self.volumes) + len(self.images)
 
 
-def _dead(labels: dict[str, str]) -> bool:
+#: A remote engine's lease is live while renewed within its TTL plus this allowance (as its reaper judges it).
+REMOTE_ALLOWANCE_S = 10.0
+
+
+def _ttl(labels: dict[str, str]) -> float:
+    try:
+        return float(labels.get(TTL_LABEL, DEFAULT_TTL_S))
+    except ValueError:
+        return DEFAULT_TTL_S
+
+
+def _dead(labels: dict[str, str], remote: dict[str, str] | None = None, *, age_s: float | None = None) -> bool:
+    """Whether a resource's run is dead: by this host's lease files, or for a remote engine (``remote``: its
+    reaper's lease records) by the leases renewed into that engine, from any host. A remote resource whose lease
+    is not (yet) recorded is dead only once older than its TTL."""
     run = labels.get(RUN_LABEL)
     if not run:
         return True
+    ttl = _ttl(labels)
+    if remote is None:
+        return not lease_is_live(run, ttl)
+    record = remote.get(labels.get(LEASE_LABEL) or run)
+    if record is None:
+        return age_s is not None and age_s > ttl + REMOTE_ALLOWANCE_S
+    if record == "released":
+        return True
     try:
-        ttl = float(labels.get(TTL_LABEL, DEFAULT_TTL_S))
+        return time.time() - float(record) > ttl + REMOTE_ALLOWANCE_S
     except ValueError:
-        ttl = DEFAULT_TTL_S
-    return not lease_is_live(run, ttl)
+        return True
 
 
 def collect_garbage(*, images: bool = False, client: "docker.DockerClient | None" = None) -> GcReport:
@@ -81,11 +106,15 @@ def collect_garbage(*, images: bool = False, client: "docker.DockerClient | None
     selector = {"label": f"{MANAGED_LABEL}=true"}
     try:
         containers = api.containers(all=True, filters=selector)
+        # A remote engine serves other hosts' runs, whose lease files are not here: judge by its reaper's leases
+        remote = (lease_records(client) or {}) if is_remote(client) else None
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise SandboxUnavailableError(f"gc: the Docker engine does not answer: {exc}", retryable=True) from exc
+    if remote is not None:
+        log.info("gc of remote engine %s: judged by the %d leases in its reaper", engine_key(client), len(remote))
     for c in containers:
         name = (c.get("Names") or [c["Id"][:12]])[0].lstrip("/")
-        if not _dead(c.get("Labels") or {}):
+        if not _dead(c.get("Labels") or {}, remote, age_s=time.time() - float(c.get("Created") or 0)):
             report.kept_live.append(name)
             continue
         try:
@@ -107,7 +136,7 @@ def collect_garbage(*, images: bool = False, client: "docker.DockerClient | None
             except docker.errors.APIError:  # in use: a live sandbox is on it
                 report.kept_live.append(name)
             continue
-        if not _dead(net.get("Labels") or {}):
+        if not _dead(net.get("Labels") or {}, remote):
             report.kept_live.append(name)
             continue
         try:
@@ -117,7 +146,7 @@ def collect_garbage(*, images: bool = False, client: "docker.DockerClient | None
             report.errors.append(f"network {name}: {exc}")
     for vol in (api.volumes(filters=selector) or {}).get("Volumes") or []:
         name = vol["Name"]
-        if not _dead(vol.get("Labels") or {}):
+        if not _dead(vol.get("Labels") or {}, remote):
             report.kept_live.append(name)
             continue
         try:

@@ -22,6 +22,7 @@ non-retryable `ImageError`.
 from __future__ import annotations
 
 import hashlib
+import logging
 import io
 import os
 import re
@@ -31,7 +32,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from harbor_gym.errors import ImageError, SandboxError
 from harbor_gym.sandbox._buildkit import buildkit_build, drop_syntax_line, engine_buildkit, scan_dockerfile
@@ -50,7 +51,10 @@ __all__ = [
     "build_image",
     "ensure_image",
     "forget",
+    "copy_from_peer",
 ]
+
+log = logging.getLogger("harbor_gym.sandbox")
 
 #: Label marking harbor_gym's build cache images (value ``"build"``).
 CACHE_LABEL = "io.harbor-gym.cache"
@@ -134,8 +138,56 @@ def _pull(client: "docker.DockerClient", ref: str) -> None:
     forget(client, ref)
 
 
+def _peers(client: "docker.DockerClient") -> list[Any]:
+    """Other engines' clients this process has: the environment's engine and those of ``EnvConfig.engines``."""
+    from harbor_gym.sandbox import engines
+    from harbor_gym.sandbox._engine import default_client, engine_key
+
+    mine = engine_key(client)
+    found: list[Any] = []
+    candidates = list(engines.known_clients())
+    try:
+        candidates.insert(0, default_client())
+    except Exception:  # no engine in the environment: only the sets' engines
+        pass
+    seen = {mine}
+    for peer in candidates:
+        key = engine_key(peer)
+        if key not in seen:
+            seen.add(key)
+            found.append(peer)
+    return found
+
+
+def copy_from_peer(client: "docker.DockerClient", ref: str) -> bool:
+    """Copy image ``ref`` into ``client``'s engine from another engine of this process that has it (``save`` there,
+    ``load`` here, streamed through the API: issue 17). True iff it is present afterwards. Never pulls."""
+    from harbor_gym.sandbox._engine import engine_key
+
+    with _cache_lock:
+        lock = _build_locks.setdefault(f"copy|{engine_key(client)}|{ref}", threading.Lock())
+    with lock:
+        if _inspect(client, ref) is not None:
+            return True
+        for peer in _peers(client):
+            try:
+                if _inspect(peer, ref) is None:
+                    continue
+                log.info("copying image %s from engine %s to engine %s", ref, engine_key(peer), engine_key(client))
+                client.api.load_image(peer.api.get_image(ref))
+            except Exception as exc:  # that peer is out or refused: try the next
+                log.warning("copying image %s from %s failed: %s", ref, engine_key(peer), exc)
+                continue
+            forget(client, ref)
+            if _inspect(client, ref) is not None:
+                return True
+    return False
+
+
 def resolve_image(client: "docker.DockerClient", name: str, settings: SandboxSettings) -> ImageInfo:
-    """The local image for the image name ``name`` (alias table, then pull policy).
+    """The local image for the image name ``name`` (alias table, then pull policy). An image absent from this
+    engine but present on another engine of this process is copied from there first (`copy_from_peer`), under
+    every policy but ``always``.
 
     Raises:
         ImageError: the image is absent and the policy forbids or the pull fails (named, with the alias hint).
@@ -145,6 +197,8 @@ def resolve_image(client: "docker.DockerClient", name: str, settings: SandboxSet
     if policy == "always":
         _pull(client, ref)
     info = _inspect(client, ref)
+    if info is None and copy_from_peer(client, ref):
+        info = _inspect(client, ref)
     if info is None and policy == "missing":
         _pull(client, ref)
         info = _inspect(client, ref)
@@ -269,6 +323,9 @@ def build_image(
         info = _inspect(client, tag)
         if info is not None:
             return info
+        for base in bases:  # a base another engine of this process has is copied, never pulled
+            if _inspect(client, base) is None:
+                copy_from_peer(client, base)
         if settings.pull_policy == "never":
             for base in bases:
                 if _inspect(client, base) is None:

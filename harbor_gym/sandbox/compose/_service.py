@@ -2,7 +2,7 @@
 
 It is a `DockerSandbox` in every respect (exec, put, get, read_file, stop) except how its container is
 created: attached to the group's network with the service name as its DNS alias, with the service's named
-volumes and read-only binds mounted (``main`` also on the public network, or on the proxy network when it may
+volumes and read-only binds mounted (uploaded instead on a remote engine, `_engine.is_remote`; ``main`` also on the public network, or on the proxy network when it may
 reach a host service: `harbor_gym.sandbox.host_route`), its read-write binds copied in before start (a bind of a task-folder path
 is never mounted writable, so no sandbox writes into the downloaded folder on the host: SPEC GYM-10), its memory
 size in bytes, its compose healthcheck given to the engine, and its command run under `SERVICE_LOOP`.
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from harbor_gym.sandbox import archives
 from harbor_gym.sandbox import lease as leases
-from harbor_gym.sandbox._engine import translate_error
+from harbor_gym.sandbox._engine import is_remote, translate_error
 from harbor_gym.sandbox.base import SandboxSettings, SandboxSpec
 from harbor_gym.sandbox.docker_backend import DockerSandbox
 
@@ -109,8 +109,9 @@ class ServiceSandbox(DockerSandbox):
             mode = "ro" if mount.read_only else "rw"
             if mount.kind == "volume":
                 binds[self._volumes[mount.source]] = {"bind": mount.target, "mode": mode}
-            elif mount.read_only:
+            elif mount.read_only and not is_remote(self.client):
                 binds[mount.source] = {"bind": mount.target, "mode": "ro"}
+            # a remote engine's host has no such path: the bind is uploaded like a writable one (issue 17)
             else:
                 copies.append(mount)
         hc["binds"] = binds

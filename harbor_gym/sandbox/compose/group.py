@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import _reaper, lease as leases
 from harbor_gym.sandbox import _netfilter, _podman, _podman_net
-from harbor_gym.sandbox._engine import get_client, translate_error
+from harbor_gym.sandbox._engine import get_client, scoped_client, translate_error
 from harbor_gym.sandbox.base import (
     MANAGED_LABEL,
     RUN_LABEL,
@@ -113,7 +113,7 @@ class ComposeGroup:
         self.build_timeout_s = build_timeout_s
         self.start_timeout_s = start_timeout_s
         self.sidecar_storage_mb = sidecar_storage_mb
-        self._client = client
+        self._client = client if client is not None else scoped_client()  # the episode's engine, if any
         self._lease = lease
         self._state = SandboxState.CREATED
         self._members: dict[str, ServiceSandbox] = {}

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from harbor_gym.errors import ConfigError, SandboxError
+from harbor_gym.sandbox._engine import engine_scope, scoped_client
 from harbor_gym.sandbox.base import Sandbox, SandboxSettings, SandboxSpec, SandboxState
 from harbor_gym.sandbox.pool._pooled import PooledSandbox
 
@@ -91,6 +92,8 @@ class SandboxPool:
         self.spec = spec
         self.backend = sandbox_pkg.choose_backend(backend)
         self.settings = settings or sandbox_pkg._default_settings()
+        #: The engine of the `engine_scope` the pool was made in (``EnvConfig.engines``): its sandboxes start there.
+        self.client = scoped_client()
         self.stats = PoolStats()
         self.prepare = prepare
         self._size = size
@@ -190,7 +193,8 @@ class SandboxPool:
                 self.stats.discarded += 1
                 self._reap_q.append(candidate)
                 self._lock.notify_all()
-        sandbox = sandbox_pkg.open(self.spec, backend=self.backend, settings=self.settings)
+        with engine_scope(self.client):
+            sandbox = sandbox_pkg.open(self.spec, backend=self.backend, settings=self.settings)
         if self.prepare is not None:
             try:
                 self.prepare(sandbox)
@@ -261,7 +265,8 @@ class SandboxPool:
                     self._lock.wait(max(0.05, wait) if wait > 0 else None)
                 from harbor_gym import sandbox as sandbox_pkg
 
-                sandbox = sandbox_pkg.create(self.spec, backend=self.backend, settings=self.settings)
+                with engine_scope(self.client):
+                    sandbox = sandbox_pkg.create(self.spec, backend=self.backend, settings=self.settings)
                 self._starting.add(id(sandbox))
                 self._starting_sbs[id(sandbox)] = sandbox
                 self.stats.max_pool = max(self.stats.max_pool, len(self._ready) + len(self._starting))

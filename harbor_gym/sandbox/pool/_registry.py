@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from harbor_gym.errors import ConfigError
 from harbor_gym.sandbox import lease as leases
+from harbor_gym.sandbox._engine import engine_key, scoped_client
 from harbor_gym.sandbox.base import Sandbox, SandboxSettings, SandboxSpec
 from harbor_gym.sandbox.pool._pool import PoolState, SandboxPool
 from harbor_gym.sandbox.pool._pooled import PooledSandbox
@@ -70,7 +71,8 @@ def get_pool(spec: SandboxSpec, *, backend: str = "auto", settings: SandboxSetti
     settings = settings or sandbox_pkg._default_settings()
     if (prepare is None) != (prepare_key is None):
         raise ConfigError("give prepare and prepare_key together", field="get_pool")
-    key = (spec.key(), chosen, _settings_key(settings), prepare_key)
+    scoped = scoped_client()  # one pool per engine (EnvConfig.engines): the episode's engine scope names it
+    key = (spec.key(), chosen, _settings_key(settings), prepare_key, engine_key(scoped) if scoped else "")
     with _registry_lock:
         pool = _registry.get(key)
         if pool is None or pool.state is PoolState.CLOSED:
@@ -170,8 +172,8 @@ def pool_factory(config: "EnvConfig | Mapping[str, Any] | None" = None, *, size:
         raise ConfigError(f"a pool's size must be >= 0, got {bound}", field="pool_size")
     from harbor_gym import sandbox as sandbox_pkg
 
-    return PoolFactory(backend=sandbox_pkg.choose_backend(cfg.backend.value), settings=SandboxSettings.from_config(cfg),
-                       size=bound)
+    backend = "docker" if cfg.engines else sandbox_pkg.choose_backend(cfg.backend.value)  # engines: Docker's
+    return PoolFactory(backend=backend, settings=SandboxSettings.from_config(cfg), size=bound)
 
 
 def pools() -> list[SandboxPool]:
