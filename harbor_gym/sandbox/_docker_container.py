@@ -168,10 +168,24 @@ class DockerContainerMixin:
         except Exception as exc:
             translate_error(exc, what="create and start the container", sandbox=self.name)
         if self._joins_bridges() and self._guarded():
-            self._bindings = _netfilter.bind_container(self.client, self.container_id)  # GYM-10: no spoofing
+            try:
+                self._bindings = _netfilter.bind_container(self.client, self.container_id)  # GYM-10: no spoofing
+            except SandboxUnavailableError:
+                # A container that already exited (a sidecar crashing at start) has no network namespace left to
+                # guard, and none of harbor_gym's containers restart: let its exit be reported, not the guard's.
+                if self._still_running():
+                    raise
+                log.debug("sandbox %s exited before its ports could be bound; nothing left to guard", self.name)
             self._count()
         self._state = SandboxState.RUNNING
         log.debug("sandbox %s started (container %s, image %s)", self.name, self.container_id, self._image.ref)
+
+    def _still_running(self) -> bool:
+        """True unless an inspect says the container is not running (an engine that does not answer: True)."""
+        try:
+            return bool((self.client.api.inspect_container(self.container_id).get("State") or {}).get("Running"))
+        except Exception:  # unknown: keep the guard's error
+            return True
 
     def _public_network(self) -> str:
         """GYM-10: the shared, host-filtered network; where the filter cannot be installed, refused unless

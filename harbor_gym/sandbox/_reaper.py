@@ -239,10 +239,17 @@ def _check_engine(client: "docker.DockerClient") -> None:
 
 
 def _socket_for(client: "docker.DockerClient") -> str:
-    """The engine socket's path on the engine's host: the one its engine set names, else `reaper_socket`."""
+    """The engine socket's path on the engine's host: the one its engine set names, else the client's own unix
+    socket (that engine is on this host, whatever ``DOCKER_HOST`` names), else `reaper_socket`."""
     from harbor_gym.sandbox.engines import REAPER_SOCKET_ATTR
 
-    return getattr(client, REAPER_SOCKET_ATTR, None) or reaper_socket()
+    named = getattr(client, REAPER_SOCKET_ATTR, None)
+    if named:
+        return named
+    if os.environ.get("HARBOR_GYM_REAPER_SOCKET"):
+        return reaper_socket()
+    own = getattr(getattr(client.api, "_custom_adapter", None), "socket_path", None)
+    return own or reaper_socket()
 
 
 class _Status:
