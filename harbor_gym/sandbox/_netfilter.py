@@ -311,7 +311,7 @@ def bind_container(client: "docker.DockerClient", container_id: str) -> list[_sp
                 raise SandboxUnavailableError(f"the bridge {PROXY_IFACE} has no address here", field="network",
                                               rule="GYM-10")
             binding = _spoofguard.Binding(port=port, bridge=bridge, mac=mac, ipv4=ipv4,
-                                          isolated=not group, routed_to=gateway)
+                                          isolated=not group, routed_to=gateway, ifindex=peers[mac])
             made.append(binding)
             _spoofguard.bind(binding)
     except BaseException:

@@ -6,16 +6,22 @@ its source: a gratuitous ARP (or an ARP request to the gateway) carrying B's add
 for B to A's MAC, so B's egress replies reach A; a forged IPv4 source lets A send as B. The guard is one nftables
 table of harbor_gym's own, in the ``bridge`` family (nothing else touches it)::
 
-    table bridge harbor_gym_guard
-      set ports      { ifname }                                   bound ports (host ends of sandbox veths)
-      set arp_ok     { ifname . ether_addr . ether_addr . ipv4_addr } port . frame MAC . ARP sender MAC . sender IP
-      set ip4_ok     { ifname . ether_addr . ipv4_addr }          port . frame MAC . IPv4 source
-      set isolated   { ifname }                                   bound ports of shared bridges (no port-to-port)
-      set routed_ports { ifname }, routed_ok { ifname . ipv4_addr } ports that may send IPv4 only to one address
-      chain prerouting (hook prerouting): iifname @ports jump port_in
+    table bridge harbor_gym_guard2
+      set ports      { iface_index }                              bound ports (host ends of sandbox veths)
+      set arp_ok     { iface_index . ether_addr . ether_addr . ipv4_addr } port . frame MAC . ARP sender MAC . IP
+      set ip4_ok     { iface_index . ether_addr . ipv4_addr }     port . frame MAC . IPv4 source
+      set isolated   { iface_index }                              bound ports of shared bridges (no port-to-port)
+      set routed_ports { iface_index }, routed_ok { iface_index . ipv4_addr }  ports that may send IPv4 to one address
+      chain prerouting (hook prerouting): iif @ports jump port_in
       chain port_in: Ethernet/IPv4 ARP matching @arp_ok -> return; IPv4 from a routed port to an address not in
                      @routed_ok -> drop; IPv4 matching @ip4_ok -> return; else drop
-      chain forward (hook forward): iifname @isolated drop
+      chain forward (hook forward): iif @isolated drop
+
+Ports are keyed by interface *index*, which the kernel never hands out twice (until its 32-bit counter wraps), not
+by name: podman's netavark names host veths ``veth0``, ``veth1``, ... and reuses a freed name at once, so a binding
+keyed by name that a SIGKILLed run left would have applied to another sandbox's new port of that name (letting it
+send as the dead sandbox's address, which IPAM may have given to a live one) until that port's own bind. The index
+comes from the kernel's peer link of the sandbox's interface (`netns_ports`), never from a name lookup.
 
 So from a bound port only frames with the port's own MAC pass, and of them only ARP whose sender MAC and IP are the
 port's own and IPv4 whose source is the port's own: IPv6 (none of harbor_gym's networks carries it; the host drops
@@ -32,9 +38,10 @@ permanent``: no ARP, forged or not, changes it) and adds a static forwarding ent
 bridge never floods frames meant for it to the other ports). The elements and the forwarding entry are keyed by the
 port, which vanishes with its sandbox; `unbind` removes the elements and the neighbour entry (if it still names the
 sandbox's MAC). What a SIGKILLed run leaves is harmless and replaced: a later sandbox that gets the same address
-replaces the neighbour entry at its `bind`, elements of vanished ports match nothing and are pruned at the next
-process's first `ensure`, and permanent neighbour entries on harbor_gym's bridges that no live binding names are
-deleted then too.
+replaces the neighbour entry at its `bind`, elements of vanished ports match nothing (no port ever gets their index
+again) and are pruned at the next process's first `ensure`, and permanent neighbour entries on harbor_gym's bridges
+that no live binding names are deleted then too. The name-keyed table of earlier versions (``harbor_gym_guard``)
+is deleted at `ensure` once none of its ports exists.
 
 Ports that were never bound are not filtered (policy accept): the guard must not cut off a sandbox that predates it
 (or another tool's port), and every harbor_gym sandbox is bound at start before any command of the agent runs.
@@ -57,12 +64,14 @@ from dataclasses import dataclass
 
 from harbor_gym.errors import SandboxUnavailableError
 
-__all__ = ["TABLE", "Binding", "unavailable_reason", "ensure", "bind", "unbind", "host_port", "netns_ports"]
+__all__ = ["TABLE", "LEGACY_TABLE", "Binding", "unavailable_reason", "ensure", "bind", "unbind", "host_port", "netns_ports"]
 
 log = logging.getLogger("harbor_gym.sandbox")
 
 #: The nftables table of the guard (family ``bridge``).
-TABLE = "harbor_gym_guard"
+TABLE = "harbor_gym_guard2"
+#: The name-keyed table of earlier versions (deleted once none of its ports exists).
+LEGACY_TABLE = "harbor_gym_guard"
 #: Bridges of harbor_gym's: ``hg-*`` (shared ones), ``hgg-*`` (compose groups) and podman's ``hgp-*``; neighbour
 #: entries are pruned here.
 _OUR_BRIDGE = re.compile(r"^hg[gp]?-[A-Za-z0-9-]+$")
@@ -73,25 +82,25 @@ _PORT = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
 
 _SKELETON = f"""\
 add table bridge {TABLE}
-add set bridge {TABLE} ports {{ type ifname; }}
-add set bridge {TABLE} arp_ok {{ type ifname . ether_addr . ether_addr . ipv4_addr; }}
-add set bridge {TABLE} ip4_ok {{ type ifname . ether_addr . ipv4_addr; }}
-add set bridge {TABLE} isolated {{ type ifname; }}
-add set bridge {TABLE} routed_ports {{ type ifname; }}
-add set bridge {TABLE} routed_ok {{ type ifname . ipv4_addr; }}
+add set bridge {TABLE} ports {{ type iface_index; }}
+add set bridge {TABLE} arp_ok {{ type iface_index . ether_addr . ether_addr . ipv4_addr; }}
+add set bridge {TABLE} ip4_ok {{ type iface_index . ether_addr . ipv4_addr; }}
+add set bridge {TABLE} isolated {{ type iface_index; }}
+add set bridge {TABLE} routed_ports {{ type iface_index; }}
+add set bridge {TABLE} routed_ok {{ type iface_index . ipv4_addr; }}
 add chain bridge {TABLE} prerouting {{ type filter hook prerouting priority -200; policy accept; }}
 add chain bridge {TABLE} port_in
 add chain bridge {TABLE} forward {{ type filter hook forward priority -200; policy accept; }}
 flush chain bridge {TABLE} prerouting
 flush chain bridge {TABLE} port_in
 flush chain bridge {TABLE} forward
-add rule bridge {TABLE} prerouting iifname @ports jump port_in
+add rule bridge {TABLE} prerouting iif @ports jump port_in
 add rule bridge {TABLE} port_in ether type arp arp htype 1 arp ptype ip arp hlen 6 arp plen 4 \
-iifname . ether saddr . arp saddr ether . arp saddr ip @arp_ok return
-add rule bridge {TABLE} port_in ether type ip iifname @routed_ports iifname . ip daddr != @routed_ok counter drop
-add rule bridge {TABLE} port_in ether type ip iifname . ether saddr . ip saddr @ip4_ok return
+iif . ether saddr . arp saddr ether . arp saddr ip @arp_ok return
+add rule bridge {TABLE} port_in ether type ip iif @routed_ports iif . ip daddr != @routed_ok counter drop
+add rule bridge {TABLE} port_in ether type ip iif . ether saddr . ip saddr @ip4_ok return
 add rule bridge {TABLE} port_in counter drop
-add rule bridge {TABLE} forward iifname @isolated counter drop
+add rule bridge {TABLE} forward iif @isolated counter drop
 """
 
 _lock = threading.Lock()
@@ -103,7 +112,9 @@ class Binding:
     """One sandbox port bound to its MAC and IPv4 address.
 
     Attributes:
-        port: the host end of the sandbox's veth (a port of ``bridge``).
+        port: the host end of the sandbox's veth (a port of ``bridge``), by name (for the forwarding entry and
+            messages).
+        ifindex: that port's interface index, the key of its elements (default: read from sysfs by ``port``).
         bridge: the bridge interface it is a port of.
         mac: the sandbox interface's MAC (lower case, colon separated).
         ipv4: the sandbox interface's IPv4 address.
@@ -118,17 +129,36 @@ class Binding:
     ipv4: str
     isolated: bool = True
     routed_to: str | None = None
+    ifindex: int | None = None
 
     def __post_init__(self) -> None:
         # Every field ends up in an nft or ip command line: refuse anything that is not what it claims to be.
         if not _PORT.match(self.port) or not _PORT.match(self.bridge):
             raise ValueError(f"bad interface name in {self!r}")
+        if self.ifindex is None:
+            object.__setattr__(self, "ifindex", _index_of(self.port))
+        elif not isinstance(self.ifindex, int) or isinstance(self.ifindex, bool) or self.ifindex <= 0:
+            raise ValueError(f"bad interface index in {self!r}")
         object.__setattr__(self, "mac", self.mac.lower())
         if not _MAC.match(self.mac):
             raise ValueError(f"bad MAC address in {self!r}")
         object.__setattr__(self, "ipv4", str(ipaddress.IPv4Address(self.ipv4)))
         if self.routed_to is not None:
             object.__setattr__(self, "routed_to", str(ipaddress.IPv4Address(self.routed_to)))
+
+
+def _index_of(value: str) -> int | None:
+    """The interface index an nft listing's ``iface_index`` value stands for: a number is a vanished interface's,
+    a name is a present one's (read from sysfs; ``None`` if it vanished meanwhile)."""
+    if value.isdigit():
+        return int(value)
+    if not _PORT.match(value):
+        return None
+    try:
+        with open(f"/sys/class/net/{value}/ifindex") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return None
 
 
 def _tool(name: str) -> str | None:
@@ -177,8 +207,22 @@ def ensure() -> None:
         _ensured = True
     try:
         _prune()
+        _drop_legacy_table()
     except Exception as exc:  # pruning is housekeeping: what it misses is replaced at the next bind
         log.debug("spoofing guard: pruning failed: %s", exc)
+
+
+def _drop_legacy_table() -> None:
+    """Delete the name-keyed table of earlier versions once none of its bound ports exists (a process of an earlier
+    version still running keeps its guard until then)."""
+    nft = _tool("nft") or "nft"
+    proc = _run([nft, "-j", "list", "table", "bridge", LEGACY_TABLE], check=False)
+    if proc.returncode != 0:
+        return
+    ports = _elements(proc.stdout).get("ports", [])
+    if any(isinstance(p, str) and os.path.exists(f"/sys/class/net/{p}") for p in ports):
+        return
+    _run([nft, "delete", "table", "bridge", LEGACY_TABLE], check=False)
 
 
 def _elements(proc_out: str) -> dict[str, list[list[str] | str]]:
@@ -202,14 +246,16 @@ def _elements(proc_out: str) -> dict[str, list[list[str] | str]]:
 
 
 def _delete_script(sets: dict[str, list], doomed) -> str:
+    """Delete lines for every element whose port index satisfies ``doomed(index)`` (an element whose port vanished
+    between the listing and now has no index: it is left to the next prune)."""
     lines = []
     for name, elems in sets.items():
         for elem in elems:
-            port = elem[0] if isinstance(elem, list) else elem
-            if doomed(port):
-                key = " . ".join(f'"{v}"' if i == 0 else v for i, v in enumerate(elem)) if isinstance(
-                    elem, list) else f'"{elem}"'
-                lines.append(f"delete element bridge {TABLE} {name} {{ {key} }}")
+            index = _index_of(elem[0] if isinstance(elem, list) else elem)
+            if index is None or not doomed(index):
+                continue
+            key = " . ".join([str(index), *elem[1:]]) if isinstance(elem, list) else str(index)
+            lines.append(f"delete element bridge {TABLE} {name} {{ {key} }}")
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -224,45 +270,60 @@ def _prune() -> None:
     # is live (another process's, made meanwhile) has its elements in the listing that follows
     out = _run([_tool("ip") or "ip", "-j", "-4", "neigh", "show", "nud", "permanent"], check=False).stdout
     sets = _list_table()
-    gone = lambda port: not os.path.exists(f"/sys/class/net/{port}")  # noqa: E731
-    script = _delete_script(sets, gone)
+    present = _present_indexes()
+    script = _delete_script(sets, lambda index: index not in present)
     if script:
         _run([_tool("nft") or "nft", "-f", "-"], stdin=script, check=False)
-    live = {(e[1], e[2]) for e in sets.get("ip4_ok", []) if isinstance(e, list) and not gone(e[0])}
+    live = {(e[1], e[2]) for e in sets.get("ip4_ok", []) if isinstance(e, list) and _index_of(e[0]) in present}
     for entry in json.loads(out or "[]"):
         dev, dst, mac = entry.get("dev", ""), entry.get("dst", ""), (entry.get("lladdr") or "").lower()
         if _OUR_BRIDGE.match(dev) and (mac, dst) not in live:
             _run([_tool("ip") or "ip", "neigh", "del", dst, "dev", dev], check=False)
 
 
+def _present_indexes() -> set[int]:
+    """The indexes of this namespace's interfaces now."""
+    found = set()
+    for name in os.listdir("/sys/class/net"):
+        index = _index_of(name)
+        if index is not None:
+            found.add(index)
+    return found
+
+
 def _element_lines(b: Binding, verb: str) -> list[str]:
     """``verb`` (add/delete) lines of ``b``'s elements; ``ports`` last on add, first on delete."""
+    i = b.ifindex
     lines = [
-        f'{verb} element bridge {TABLE} arp_ok {{ "{b.port}" . {b.mac} . {b.mac} . {b.ipv4} }}',
-        f'{verb} element bridge {TABLE} ip4_ok {{ "{b.port}" . {b.mac} . {b.ipv4} }}',
+        f'{verb} element bridge {TABLE} arp_ok {{ {i} . {b.mac} . {b.mac} . {b.ipv4} }}',
+        f'{verb} element bridge {TABLE} ip4_ok {{ {i} . {b.mac} . {b.ipv4} }}',
     ]
     if b.isolated:
-        lines.append(f'{verb} element bridge {TABLE} isolated {{ "{b.port}" }}')
+        lines.append(f'{verb} element bridge {TABLE} isolated {{ {i} }}')
     if b.routed_to:
-        lines.append(f'{verb} element bridge {TABLE} routed_ok {{ "{b.port}" . {b.routed_to} }}')
-        lines.append(f'{verb} element bridge {TABLE} routed_ports {{ "{b.port}" }}')
-    lines.append(f'{verb} element bridge {TABLE} ports {{ "{b.port}" }}')
+        lines.append(f'{verb} element bridge {TABLE} routed_ok {{ {i} . {b.routed_to} }}')
+        lines.append(f'{verb} element bridge {TABLE} routed_ports {{ {i} }}')
+    lines.append(f'{verb} element bridge {TABLE} ports {{ {i} }}')
     return lines if verb == "add" else lines[::-1]
 
 
 def bind(binding: Binding) -> None:
-    """Bind ``binding.port`` to its MAC and address (see the module docstring). Idempotent; replaces what a
-    previous sandbox on the same port name (elements) or address (neighbour entry) left.
+    """Bind port ``binding.ifindex`` to its MAC and address (see the module docstring). Idempotent (a re-bind of
+    the same port replaces its elements); replaces the neighbour entry a previous sandbox of that address left.
 
     Raises:
-        SandboxUnavailableError: a host command failed (the caller stops the sandbox).
+        SandboxUnavailableError: the port's index is unknown, or a host command failed (the caller stops the
+            sandbox).
     """
     ensure()
     b = binding
+    if b.ifindex is None:
+        raise SandboxUnavailableError(f"the spoofing guard found no interface {b.port} to bind", field="network",
+                                      rule="GYM-10")
     nft = _tool("nft") or "nft"
     stale = ""
-    if _run([nft, "get", "element", "bridge", TABLE, "ports", f'{{ "{b.port}" }}'], check=False).returncode == 0:
-        stale = _delete_script(_list_table(), lambda port: port == b.port)  # a dead sandbox's port of that name
+    if _run([nft, "get", "element", "bridge", TABLE, "ports", f"{{ {b.ifindex} }}"], check=False).returncode == 0:
+        stale = _delete_script(_list_table(), lambda index: index == b.ifindex)  # this port, bound before
     script = stale + "\n".join(_element_lines(b, "add")) + "\n"
     _run([nft, "-f", "-"], stdin=script)  # one transaction: the port is bound whole or not at all
     _run([_tool("ip") or "ip", "neigh", "replace", b.ipv4, "lladdr", b.mac, "dev", b.bridge, "nud", "permanent"])

@@ -1,5 +1,5 @@
-"""GYM-10: a root agent cannot send as a sibling sandbox on a shared bridge (Docker's ``hg-public0``, the local
-backend's ``hg-local0``).
+"""GYM-10: a root agent cannot send as a sibling sandbox on a shared bridge (Docker's ``hg-public0``, rootful podman's
+``hgp-public0``, the local backend's ``hg-local0``).
 
 Two public sandboxes A and B on one bridge. A (root, raw sockets of the base image's python3) sends ARP requests to
 the gateway and gratuitous ARP replies that claim B's address with A's MAC (which would move the host's neighbour
@@ -56,10 +56,14 @@ print("SENT", sent)
 
 def _attack(sb, a: _spoofguard.Binding, b: _spoofguard.Binding) -> Seen:
     inner = "eth0"
+    argv = ["python3", "-c", _ATTACK, inner, a.mac, b.ipv4, ipv4_of(a.bridge), mac_of(a.bridge)]
     with capture(a.bridge, a.mac, src=b.ipv4) as seen:
-        res = sb.exec(["python3", "-c", _ATTACK, inner, a.mac, b.ipv4, ipv4_of(a.bridge), mac_of(a.bridge)],
-                      timeout=60, user="root")
-        assert res.exit_code == 0 and "SENT" in res.stdout, res  # the attack itself ran (raw sockets work)
+        if callable(sb):  # the attacker runs in A's network namespace from the host (see the podman test)
+            res = sb(argv)
+            assert res.returncode == 0 and "SENT" in res.stdout, res
+        else:
+            res = sb.exec(argv, timeout=60, user="root")
+            assert res.exit_code == 0 and "SENT" in res.stdout, res  # the attack itself ran (raw sockets work)
     return seen
 
 
@@ -107,3 +111,23 @@ def test_gym_10_a_local_sandbox_cannot_send_as_its_sibling():
         a, b = _net._bindings[sb_a._address], _net._bindings[sb_b._address]
         assert a.bridge == "hg-local0"
         _check_guard_then_negative_control(sb_a, a, b)
+
+
+@pytest.mark.podman
+def test_gym_10_a_rootful_podman_sandbox_cannot_send_as_its_sibling():
+    # SPEC: GYM-10 — the same attack on rootful podman's public bridge (hgp-public0), whose host veths netavark
+    # names veth0, veth1, ... (the guard keys them by index, so a reused name never inherits a binding)
+    from harbor_gym import sandbox as sandbox_pkg
+
+    settings = SandboxSettings.from_config(EnvConfig.coerce({"backend": "podman", "labels": dict([LABEL])}))
+    spec = SandboxSpec(image=BASE_IMAGE, network=True, name_hint="spoof")
+    with sandbox_pkg.open(spec, backend="podman", settings=settings) as sb_a, \
+            sandbox_pkg.open(spec, backend="podman", settings=settings) as sb_b:
+        (a,), (b,) = sb_a._bindings, sb_b._bindings
+        assert a.bridge == "hgp-public0" and a.ifindex != b.ifindex
+        # podman gives containers no CAP_NET_RAW, so a root agent there cannot even open a raw socket; the attack
+        # runs as host root in A's network namespace instead (a stronger attacker, same frames from A's eth0)
+        pid = sb_a.client.api.inspect_container(sb_a.container_id)["State"]["Pid"]
+        in_a = lambda argv: subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "--", "/usr/bin/python3",  # noqa: E731
+                                            *argv[1:]], capture_output=True, text=True, timeout=60)
+        _check_guard_then_negative_control(in_a, a, b)

@@ -37,7 +37,7 @@ def test_gym_10_a_binding_refuses_what_is_not_an_interface_mac_or_address():
     ok = _spoofguard.Binding("veth1a2b3c", "hg-public0", "02:42:AC:12:00:02", "172.18.0.2", routed_to="172.18.0.1")
     assert ok.mac == "02:42:ac:12:00:02"
     for bad in ({"port": 'x" }; flush ruleset; {'}, {"mac": "02:42:ac:12:00"}, {"ipv4": "172.18.0.2 . 1"},
-                {"bridge": "a" * 16}, {"routed_to": "::1"}):
+                {"bridge": "a" * 16}, {"routed_to": "::1"}, {"ifindex": 0}, {"ifindex": True}, {"ifindex": "7"}):
         fields = {"port": "veth1", "bridge": "hg-public0", "mac": "02:42:ac:12:00:02", "ipv4": "172.18.0.2", **bad}
         with pytest.raises(ValueError):
             _spoofguard.Binding(**fields)
@@ -45,10 +45,25 @@ def test_gym_10_a_binding_refuses_what_is_not_an_interface_mac_or_address():
 
 def test_gym_10_the_element_script_binds_the_port_last_and_unbinds_it_first():
     # SPEC: GYM-10 — a port joins @ports (is filtered) only once its allowed pairs exist, in one transaction
-    b = _spoofguard.Binding("veth1", "hg-proxy0", "02:42:ac:12:00:02", "172.18.0.2", routed_to="172.18.0.1")
+    b = _spoofguard.Binding("veth1", "hg-proxy0", "02:42:ac:12:00:02", "172.18.0.2", routed_to="172.18.0.1",
+                            ifindex=4711)
     add, delete = _spoofguard._element_lines(b, "add"), _spoofguard._element_lines(b, "delete")
     assert "ports" in add[-1] and "ports" in delete[0] and len(add) == 6 and delete == [
         line.replace("add", "delete", 1) for line in reversed(add)]
+    assert all("{ 4711" in line and "veth1" not in line for line in add)  # keyed by index, never by name
+
+
+def test_gym_10_prune_deletes_elements_of_vanished_ports_by_index_only():
+    # SPEC: GYM-10 — nft lists a present port's index as its name and a vanished one's as a number: only the
+    # vanished ones are deleted, by index
+    sets = {"ports": ["lo", "99999"], "ip4_ok": [["99999", "02:42:ac:12:00:02", "172.18.0.2"],
+                                                 ["lo", "02:42:ac:12:00:03", "172.18.0.3"]]}
+    present = _spoofguard._present_indexes()
+    assert _spoofguard._index_of("lo") in present and _spoofguard._index_of("99999") == 99999
+    script = _spoofguard._delete_script(sets, lambda index: index not in present)
+    assert script.splitlines() == [
+        f"delete element bridge {_spoofguard.TABLE} ports {{ 99999 }}",
+        f"delete element bridge {_spoofguard.TABLE} ip4_ok {{ 99999 . 02:42:ac:12:00:02 . 172.18.0.2 }}"]
 
 
 def test_gym_10_no_route_where_the_host_filter_cannot_be_installed(monkeypatch):
