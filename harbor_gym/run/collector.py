@@ -12,8 +12,17 @@ Guarantees:
 - Retries: a retryable failure (outage, deadline, ``SeedError(retryable=True)``, agent ``retry``) is retried up to
   ``retries`` times; an agent-caused outage (GYM-12) only under ``config.retry_agent_outages``.
 - Seeds: rollout k of task t gets ``episode_seed(seed, t, k)`` (the same as ``harbor-gym run``), so threads and Ray
-  (``executor="ray"``: each attempt is a Ray task with ``num_cpus=0`` running the sync env in a worker process)
+  (``executor="ray"``: each episode is a Ray task with ``num_cpus=0`` running the sync env in a worker process)
   give the same results for the same seeds and agents.
+- Ray placement (issue 17 item 3): each episode task asks for ``{"harbor_engine": 1}`` (`ray_options` overrides
+  it), so Ray runs it only on a node declaring that custom resource, and its sandboxes use that node's engine (the
+  ``DOCKER_HOST`` of its raylet; `harbor_gym.vector._placement`). No node offering it within
+  ``ray_placement_timeout_s`` raises `SandboxUnavailableError` before anything runs; every node offering it gone
+  for that long while episodes wait ends those episodes with that error as their (retryable) failure.
+- A Ray node lost mid-episode (``NodeDiedError``, a crashed worker) ends that episode as a retryable
+  ``harbor_gym:sandbox_outage`` whose reason names the node (id and IP, as Ray reports them); it is retried like
+  any retryable failure (``retries``), as a new task Ray places on a live node. Its sandboxes are removed by their
+  leases (the reaper on that node's engine, within ``lease_ttl_s`` + 20 s).
 - Closing the iterator early (``break``, ``aclose``, cancellation, Ctrl-C under ``asyncio.run``) cancels the
   episodes in flight: their sandboxes are stopped before the iterator's close returns; they yield nothing.
 """
@@ -30,6 +39,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 from harbor_gym.config import EnvConfig
 from harbor_gym.errors import ConfigError, HarborGymError, SeedError, SeedRefusedError
 from harbor_gym.run.rows import ENV_ERROR, SEED_FAILED, SEED_REFUSED, episode_seed
+from harbor_gym.vector._placement import ENGINE_DEMAND, PLACEMENT_TIMEOUT_S, demand_of, offered, unplaced_error
 
 __all__ = ["RolloutResult", "rollouts", "collect", "EXECUTORS"]
 
@@ -86,6 +96,8 @@ class _Context:
     logs_dir: Callable[[str, int], Any] | None
     listener: Any
     pool: ThreadPoolExecutor | None = None
+    ray_options: dict = field(default_factory=dict)  # the options of every episode task (executor="ray")
+    placement_timeout_s: float = PLACEMENT_TIMEOUT_S
     removals: list = field(default_factory=list)  # pool factories whose handed-out sandboxes are awaited at the end
 
 
@@ -219,9 +231,9 @@ def _attempt_sync(job: _Job, attempt: int, ctx: _Context) -> RolloutResult:
             env.close()
 
 
-def _episode_sync(job: _Job, ctx: _Context) -> RolloutResult:
+def _episode_sync(job: _Job, ctx: _Context, first: int = 1) -> RolloutResult:
     attempts = ctx.retries + 1
-    for attempt in range(1, attempts + 1):
+    for attempt in range(first, attempts + 1):
         result = _attempt_sync(job, attempt, ctx)
         if attempt < attempts and _retries(result, ctx.config):
             continue
@@ -229,30 +241,69 @@ def _episode_sync(job: _Job, ctx: _Context) -> RolloutResult:
     return result
 
 
-def _ray_episode(task_path: str, rollout: int, seed: int, ctx: _Context) -> RolloutResult:
+def _ray_episode(task_path: str, rollout: int, seed: int, ctx: _Context, first: int) -> RolloutResult:
     """Runs in a Ray worker: the task is loaded there from its folder (plain data crosses, not sandboxes)."""
     from harbor_gym.task import load_task
 
     task = load_task(Path(task_path), ctx.config)
-    return _episode_sync(_Job(task, rollout, seed), ctx)
+    return _episode_sync(_Job(task, rollout, seed), ctx, first)
+
+
+#: `RolloutResult.failure_kind` of an episode lost with its Ray node (an outage, SPEC STOP-8).
+_OUTAGE_KIND = "harbor_gym:sandbox_outage"
+#: How often a waiting episode checks that some live node still offers the tasks' resources.
+_OFFER_POLL_S = 2.0
 
 
 async def _episode_ray(job: _Job, ctx: _Context) -> RolloutResult:
+    """One episode as Ray tasks: a task lost with its node (or worker) is retried as a new task while attempts
+    remain; the last loss is yielded as an outage naming the node."""
+    attempts = ctx.retries + 1
+    attempt = 1
+    while True:
+        result = await _ray_attempt(job, ctx, attempt)
+        if result.failure_kind != _OUTAGE_KIND or result.episode is not None or attempt >= attempts \
+                or not result.retryable:
+            return result
+        _notify(ctx.listener, "episode_retry", job.task.id, job.rollout, attempt, result.reason or "")
+        attempt += 1
+
+
+async def _ray_attempt(job: _Job, ctx: _Context, first: int) -> RolloutResult:
     import ray
 
-    remote = ray.remote(num_cpus=0, max_retries=0)(_ray_episode)
+    t0 = time.monotonic()
+    remote = ray.remote(_ray_episode).options(**ctx.ray_options)
     plain = _Context(factory=ctx.factory, config=ctx.config, retries=ctx.retries, sandbox_factory=None,
                      logs_dir=ctx.logs_dir, listener=None)
-    ref = remote.remote(str(job.task.path), job.rollout, job.seed, plain)
+    ref = remote.remote(str(job.task.path), job.rollout, job.seed, plain, first)
+    demand = demand_of(ctx.ray_options)
+    unoffered_since: float | None = None
+    future = asyncio.wrap_future(ref.future())  # awaited across polls (asyncio.wait never cancels it)
     try:
-        return await ref
+        while True:
+            done, _ = await asyncio.wait([future], timeout=_OFFER_POLL_S)
+            if done:
+                return future.result()
+            # Still waiting (queued, or running): if no live node offers the demand any more, it never will run.
+            if all(have >= demand[name] for name, have in offered(ray, demand).items()):
+                unoffered_since = None
+            elif unoffered_since is None:
+                unoffered_since = time.monotonic()
+            elif time.monotonic() - unoffered_since >= ctx.placement_timeout_s:
+                ray.cancel(ref, force=True)
+                err = unplaced_error(ray, demand, timeout_s=ctx.placement_timeout_s, what="a collector episode")
+                return _failed(job, first, ENV_ERROR, f"SandboxUnavailableError: {err}", True, t0)
     except asyncio.CancelledError:
         ray.cancel(ref, force=True)  # the worker process dies; its sandboxes' leases lapse (GYM-10 reaper)
         raise
-    except Exception as exc:  # a lost worker: a yielded failure, retryable
-        return RolloutResult(task_id=job.task.id, rollout=job.rollout, seed=job.seed, attempt=1, reward=None,
-                             graded=False, agent_caused=False, failure_kind=ENV_ERROR,
-                             reason=f"ray: {type(exc).__name__}: {exc}", retryable=True)
+    except ray.exceptions.RayTaskError as exc:  # the task itself raised (a defect, a task that no longer loads)
+        return _failed(job, first, ENV_ERROR, f"ray: {type(exc).__name__}: {exc}", False, t0)
+    except Exception as exc:  # the node or worker was lost: an outage of this episode, naming the node
+        return RolloutResult(task_id=job.task.id, rollout=job.rollout, seed=job.seed, attempt=first, reward=None,
+                             graded=False, agent_caused=False, failure_kind=_OUTAGE_KIND,
+                             reason=f"ray: {type(exc).__name__}: {exc}", retryable=True,
+                             duration_sec=time.monotonic() - t0)
 
 
 # --- the collector -----------------------------------------------------------------------------------------
@@ -292,6 +343,8 @@ async def rollouts(
     skip: Iterable[tuple[str, int]] = (),
     logs_dir: Callable[[str, int], Any] | None = None,
     listener: Any = None,
+    ray_options: Mapping[str, Any] | None = None,
+    ray_placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
 ) -> AsyncIterator[RolloutResult]:
     """Run ``rollouts_per_task`` episodes of every task, ``concurrency`` at a time, yielding each `RolloutResult`
     as soon as its episode ends (see the module docstring for the guarantees).
@@ -306,10 +359,18 @@ async def rollouts(
         sandbox_factory: given to every env (threads only). skip: ``(task_id, rollout)`` pairs not to run.
         logs_dir: ``(task_id, rollout) -> folder`` of that episode's logs (``config.logs_root``).
         listener: optional object with ``episode_started(task_id, rollout)`` and ``episode_retry(task_id,
-            rollout, attempt, reason)`` (threads), called on the loop.
+            rollout, attempt, reason)`` (``episode_retry`` also for Ray episodes lost with their node), called on
+            the loop.
+        ray_options: ``executor="ray"``: options of every episode task, each key replacing the default's
+            (``num_cpus=0``, ``max_retries=0``, ``resources={"harbor_engine": 1}``; ``{"resources": {}}`` runs
+            episodes on any node).
+        ray_placement_timeout_s: ``executor="ray"``: how long the cluster may lack a node offering the tasks'
+            resources (at the start, and while episodes wait) before `SandboxUnavailableError` (default 60 s).
 
     Raises:
         ConfigError: K, C < 1, R < 0 or an unknown executor (before anything runs).
+        SandboxUnavailableError: ``executor="ray"`` and no live node offers the tasks' resources (``harbor_engine``)
+            within ``ray_placement_timeout_s`` (before anything runs).
     """
     cfg = EnvConfig.coerce(dict(config) if isinstance(config, Mapping) else config)
     if rollouts_per_task < 1:
@@ -328,10 +389,14 @@ async def rollouts(
                    logs_dir=logs_dir, listener=listener)
     run_one = _episode_threads
     if executor == "ray":
-        import ray
+        from harbor_gym.vector._placement import ensure_ray, wait_offered
 
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False)
+        ray = ensure_ray(concurrency)
+        ctx.ray_options = {"num_cpus": 0, "max_retries": 0, "resources": dict(ENGINE_DEMAND),
+                           **dict(ray_options or {})}
+        ctx.placement_timeout_s = float(ray_placement_timeout_s)
+        await asyncio.get_running_loop().run_in_executor(None, lambda: wait_offered(
+            ray, demand_of(ctx.ray_options), timeout_s=ctx.placement_timeout_s, what="the collector's episodes"))
         run_one = _episode_ray
     else:
         ctx.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="harbor-gym-rollouts")

@@ -101,13 +101,20 @@ class HarborVectorEnv(VectorEnv):
         env_fns: instead of ``path``: callables each building one env (picklable ones for ``executor="ray"``).
         autoreset_mode: ``"same-step"`` (default), ``"next-step"`` or ``"disabled"`` (Gymnasium 1.x), or an
             `AutoresetMode`. With ``disabled``, reset ended sub-envs with ``reset(options={"reset_mask": m})``.
-        executor: ``"thread"`` (default) or ``"ray"`` (extra ``harbor_gym[ray]``; an initialised or reachable
-            Ray cluster; sub-envs in actors spread over its nodes, each using its node's Docker engine and pools).
+        executor: ``"thread"`` (default) or ``"ray"`` (extra ``harbor_gym[ray]``; an initialised Ray, else the
+            cluster of ``$RAY_ADDRESS``, else a local one-node cluster: `harbor_gym.vector._placement.ensure_ray`).
+            With Ray, each sub-env is an actor that Ray places on a node declaring the custom resource
+            ``harbor_engine`` (``ray start --resources='{"harbor_engine": K}'`` with ``DOCKER_HOST`` naming that
+            node's engine), so it uses that node's engine and pools; a lost node is that slot's outage, named.
         pool_size: warm sandboxes kept per sandbox spec in each process hosting sub-envs; ``None``:
             ``config.pool_size`` if set, else ``num_envs`` (thread) or 1 (each Ray actor); ``0``: no pool.
         max_workers: worker threads (default ``num_envs``).
-        ray_actor_options: extra ``.options()`` of the Ray actors (default: ``num_cpus=0``, ``SPREAD``,
-            ``max_concurrency=2`` so that ``close`` runs beside a busy ``step``).
+        ray_actor_options: extra ``.options()`` of the Ray actors, each key replacing the default's
+            (`harbor_gym.vector._ray.DEFAULT_ACTOR_OPTIONS`: ``num_cpus=0``, ``SPREAD``, ``max_concurrency=2`` so
+            that ``close`` runs beside a busy ``step``, ``resources={"harbor_engine": 1}``; ``{"resources": {}}``
+            places actors on any node).
+        ray_placement_timeout_s: how long Ray may take to place the actors (at construction, and a new actor
+            after a lost one) before `SandboxUnavailableError` (default 60 s).
         on_error: ``"raise"`` (default) or ``"mask"``: what a non-retryable sub-env failure does (module docstring).
         max_consecutive_failures: a slot failing this many calls in a row raises `SubEnvError` (default 5).
         agent_factory: ``slot -> agent``: a fresh agent announced at every reset of that slot (``executor=
@@ -115,7 +122,8 @@ class HarborVectorEnv(VectorEnv):
 
     Raises:
         ConfigError: bad arguments (named). TaskLoadError: the folder is refused (no sandbox starts).
-        ImportError: ``executor="ray"`` without Ray installed.
+        ImportError: ``executor="ray"`` without Ray installed. SandboxUnavailableError: ``executor="ray"`` and Ray
+            placed not every actor within ``ray_placement_timeout_s`` (no node offers ``harbor_engine``).
 
     Actions: a sequence of ``num_envs`` per-env actions, each a ``str`` script, ``Oracle()`` or an agent object
     (SPEC GYM-4). Observations: a ``dict`` of batched entries (text entries as tuples of ``str``, numbers as
@@ -137,6 +145,7 @@ class HarborVectorEnv(VectorEnv):
         pool_size: int | None = None,
         max_workers: int | None = None,
         ray_actor_options: Mapping[str, Any] | None = None,
+        ray_placement_timeout_s: float = 60.0,
         max_episode_steps: int | None = None,
         on_error: str = "raise",
         max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
@@ -195,7 +204,7 @@ class HarborVectorEnv(VectorEnv):
         self._inflight: list[Future] = []
         self._subs: list[SubEnv] = []
         try:
-            self._subs = self._make_subs(recipes, ray_actor_options)
+            self._subs = self._make_subs(recipes, ray_actor_options, ray_placement_timeout_s)
         except BaseException:
             self._close_subs()
             self._threads.shutdown(wait=False)
@@ -222,11 +231,13 @@ class HarborVectorEnv(VectorEnv):
         self.agents: list[Any] = [None] * n
 
     # --- construction ----------------------------------------------------------------------------------
-    def _make_subs(self, recipes: list[EnvRecipe], ray_actor_options: Mapping[str, Any] | None) -> list[SubEnv]:
+    def _make_subs(self, recipes: list[EnvRecipe], ray_actor_options: Mapping[str, Any] | None,
+                   placement_timeout_s: float) -> list[SubEnv]:
         if self.executor == "ray":
             from harbor_gym.vector._ray import make_ray_subenvs
 
-            return make_ray_subenvs(recipes, actor_options=ray_actor_options)
+            return make_ray_subenvs(recipes, actor_options=ray_actor_options,
+                                    placement_timeout_s=placement_timeout_s)
         futures = [self._threads.submit(r.build) for r in recipes]
         subs: list[SubEnv] = []
         first: BaseException | None = None

@@ -91,7 +91,8 @@ def test_async_vector_env_continues_the_session(tmp_path, server, no_leaks):
 def ray_cluster():
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'harbor-gym[ray]'")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024 * 1024)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024 * 1024,
+             resources={"harbor_engine": 8})  # issue 17: this node has an engine (every actor/task asks for 1)
     yield ray
     ray.shutdown()
 

@@ -91,7 +91,8 @@ def test_collect_under_ray_matches_threads(tmp_path, warm_engine, no_leaks):
     two_step_task(tmp_path, "t2")
     runs = {}
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024 * 1024)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 1024 * 1024,
+             resources={"harbor_engine": 8})  # issue 17: this node has an engine (every actor/task asks for 1)
     try:
         for executor in ("threads", "ray"):
             results = harbor_gym.collect(tmp_path, seeded, rollouts_per_task=3, concurrency=3, config=CONFIG,
