@@ -69,7 +69,13 @@ def engine_key(client: Any) -> str:
     """A text naming the engine ``client`` talks to (its URL; for a unix socket, the socket's path)."""
     adapter = getattr(getattr(client, "api", None), "_custom_adapter", None)
     path = getattr(adapter, "socket_path", None)
-    return f"unix://{path}" if path else str(getattr(getattr(client, "api", None), "base_url", ""))
+    if path:
+        return f"unix://{path}"
+    base = str(getattr(getattr(client, "api", None), "base_url", ""))
+    for scheme in ("http://", "https://"):  # the SDK's spelling of a tcp:// Docker host
+        if base.startswith(scheme):
+            return "tcp://" + base[len(scheme):]
+    return base
 
 
 def is_remote(client: Any) -> bool:

@@ -85,6 +85,72 @@ def test_two_engines_serve_one_vector_env(task, second, docker_client):
     client2.close()
 
 
+COMPOSE = """\
+services:
+  main:
+    image: debian:bookworm-slim
+    command: ["sleep", "infinity"]
+    working_dir: /app
+  web:
+    image: debian:bookworm-slim
+    command: ["python3", "-m", "http.server", "8000", "--directory", "/srv"]
+    volumes:
+      - ./site:/srv:ro
+"""
+
+
+def _only_on(second, docker_client, label) -> None:
+    """Every labelled container of ``label`` is on the second engine (pinned there: the host's engine is out)."""
+    assert _labelled(second.client(), label) and not _labelled(docker_client, label)
+
+
+# SPEC: GYM-2, COMPOSE-1, GYM-10 (issue 17: a Dockerfile is built on the engine the episode runs on, its base image
+# copied there; a compose group runs there with its read-only task-folder bind uploaded, never bind-mounted from this
+# host; warm pools are per engine; gc of the remote engine keeps a live run by its reaper's leases)
+def test_builds_compose_groups_pools_and_gc_on_the_remote_engine(tmp_path, second, docker_client):
+    from harbor_gym.env import HarborEnv
+    from harbor_gym.sandbox.gc import collect_garbage
+    from harbor_gym.sandbox.pool import close_pools
+
+    label = uuid.uuid4().hex[:12]
+    built = write_task(tmp_path, {
+        "task.toml": toml(["s1"]).replace('docker_image = "debian:bookworm-slim"\n', ""),
+        "environment/Dockerfile": "FROM debian:bookworm-slim\nRUN mkdir -p /app && echo built > /app/built\n",
+        "tests/test.sh": grade("grep -q built /app/built && [ -f /app/done ]")}, name="built")
+    composed = write_task(tmp_path, {
+        "task.toml": toml(["s1"]).replace('docker_image = "debian:bookworm-slim"\n', ""),
+        "environment/docker-compose.yaml": COMPOSE, "environment/site/index.html": "hello from the task folder\n",
+        "tests/test.sh": grade("python3 -c \"import urllib.request as u; "
+                               "assert b'hello' in u.urlopen('http://web:8000/').read()\"")}, name="composed")
+    # only the second engine serves (the first is named but unreachable), so every sandbox must be made there
+    cfg = EnvConfig.coerce({"engines": ["tcp://127.0.0.1:9", second.url], "engine_sockets": {
+        second.url: second.socket_path}, "default_storage_mb": None, "unfiltered_network": "allow",
+        "labels": {"io.harbor-gym.test-engines": label}, "seed_retries": 2, "pool_size": 1})
+    client2 = second.client()
+    try:
+        for path, action in ((built, DONE), (composed, ":")):
+            env = HarborEnv(path, config=cfg)
+            try:
+                env.reset(seed=0)
+                _only_on(second, docker_client, label)
+                _, reward, terminated, _, info = env.step(action)
+                assert reward == 1.0 and terminated, info["turn"]
+                if path == composed:  # the bind was uploaded: no mount of a host path on the remote engine
+                    for c in _labelled(client2, label):
+                        mounts = client2.api.inspect_container(c["Id"])["Mounts"]
+                        assert not [m for m in mounts if m.get("Type") == "bind"], mounts
+                    # gc of the remote engine while the run is live: its lease (in that engine's reaper) keeps it
+                    report = collect_garbage(client=client2)
+                    assert not report.containers and report.kept_live
+            finally:
+                env.close()
+        assert client2.images.list(filters={"label": "io.harbor-gym.cache=build"})  # built on the second engine
+    finally:
+        client2.close()
+        close_pools()  # warm pools are process-wide: their ready sandboxes stay until this (README)
+    assert _wait_gone([second.client()], label, 30) < 30
+
+
 TRAINER = textwrap.dedent("""
     import sys, time
     from harbor_gym.config import EnvConfig
@@ -126,7 +192,8 @@ def test_sigkilled_trainer_is_reaped_on_both_engines(task, second, docker_client
 # SPEC: GYM-2, STOP-8 (issue 17: an engine that dies mid-run gives outages naming it; the run goes on, on the other)
 def test_killed_engine_gives_named_outages_and_the_run_goes_on(task, second, docker_client):
     label = uuid.uuid4().hex[:12]
-    env = HarborVectorEnv(num_envs=4, path=task, config=_config(second, label), pool_size=0)
+    cfg = _config(second, label)
+    env = HarborVectorEnv(num_envs=4, path=task, config=cfg, pool_size=0)
     try:
         env.reset(seed=0)
         assert len(_labelled(second.client(), label)) == 2
@@ -143,7 +210,7 @@ def test_killed_engine_gives_named_outages_and_the_run_goes_on(task, second, doc
             _, reward, terminated, _, info = env.step([DONE] * 4)
             assert list(reward) == [1.0] * 4
             assert len(_labelled(docker_client, label)) == 4
-        status = {s["url"]: s for s in env_status()}
+        status = {s["url"]: s for s in env_status(cfg)}
         assert status[second.url]["in_service"] is False and status[HOST]["in_service"] is True
     finally:
         env.close()
@@ -151,7 +218,8 @@ def test_killed_engine_gives_named_outages_and_the_run_goes_on(task, second, doc
     second.remove()  # the module's last test: the dead engine's folder goes now
 
 
-def env_status() -> list[dict]:
-    from harbor_gym.sandbox import engines
+def env_status(cfg: EnvConfig) -> list[dict]:
+    """The process's engine set of ``cfg`` (shared by every env of that config), per engine."""
+    from harbor_gym.sandbox.engines import engine_set
 
-    return [s for es in engines._sets.values() for s in es.status()]
+    return engine_set(cfg.engines, cfg.engine_sockets, probe_interval_s=cfg.engine_probe_interval_s).status()

@@ -86,7 +86,7 @@ def test_remote_is_by_transport():
     local = docker.DockerClient(base_url="unix:///run/nothing.sock", version="1.41")
     remote = docker.DockerClient(base_url="tcp://127.0.0.1:9", version="1.41")
     assert not is_remote(local) and is_remote(remote)
-    assert engine_key(local) == "unix:///run/nothing.sock" and engine_key(remote) == "http://127.0.0.1:9"
+    assert engine_key(local) == "unix:///run/nothing.sock" and engine_key(remote) == "tcp://127.0.0.1:9"
 
 
 def test_gc_judges_a_remote_engines_resources_by_its_reapers_leases():
