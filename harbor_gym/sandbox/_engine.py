@@ -1,5 +1,5 @@
-"""The Docker engine connection: one shared SDK client per process, the engine probe, request counting and the
-one place where Docker SDK errors become harbor_gym errors.
+"""The Docker engine connection: one shared SDK client per process (or the episode's engine, `engine_scope`), the
+engine probe, request counting and the one place where Docker SDK errors become harbor_gym errors.
 
 Library code talks to the engine only through the Docker SDK (never the docker CLI).
 """
@@ -20,8 +20,9 @@ from harbor_gym.errors import SandboxError, SandboxPathError, SandboxUnavailable
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["get_client", "default_client", "engine_scope", "scoped_client", "engine_key", "is_remote", "engine_answers", "RequestCounter", "count_requests", "translate_error", "engine_info",
-           "StorageSupport", "storage_driver_support", "storage_support", "STORAGE_NEEDS"]
+__all__ = ["get_client", "default_client", "engine_scope", "scoped_client", "engine_key", "is_remote",
+           "engine_answers", "RequestCounter", "count_requests", "translate_error", "engine_info", "StorageSupport",
+           "storage_driver_support", "storage_support", "STORAGE_NEEDS"]
 
 log = logging.getLogger("harbor_gym.sandbox")
 

@@ -84,18 +84,34 @@ def _check_guard_then_negative_control(sb_a, a: _spoofguard.Binding, b: _spoofgu
         subprocess.run(["ip", "neigh", "del", b.ipv4, "dev", b.bridge], check=False)
 
 
-@pytest.mark.docker
-def test_gym_10_a_docker_sandbox_cannot_send_as_its_sibling():
-    # SPEC: GYM-10 — forged ARP and IPv4 sources from A claiming B's address never reach the host (hg-public0)
+@pytest.mark.parametrize("backend, bridge", [pytest.param("docker", "hg-public0", marks=pytest.mark.docker),
+                                             pytest.param("podman", "hgp-public0", marks=pytest.mark.podman)])
+def test_gym_10_an_engine_sandbox_cannot_send_as_its_sibling(backend, bridge):
+    # SPEC: GYM-10 — forged ARP and IPv4 sources from A claiming B's address never reach the host, on Docker's
+    # public bridge and on rootful podman's (whose host veths netavark names veth0, veth1, ...: the guard keys them
+    # by index, so a reused name never inherits a binding)
     from harbor_gym import sandbox as sandbox_pkg
 
-    settings = SandboxSettings.from_config(EnvConfig.coerce({"backend": "docker", "labels": dict([LABEL])}))
+    settings = SandboxSettings.from_config(EnvConfig.coerce({"backend": backend, "labels": dict([LABEL])}))
     spec = SandboxSpec(image=BASE_IMAGE, network=True, name_hint="spoof")
-    with sandbox_pkg.open(spec, backend="docker", settings=settings) as sb_a, \
-            sandbox_pkg.open(spec, backend="docker", settings=settings) as sb_b:
+    with sandbox_pkg.open(spec, backend=backend, settings=settings) as sb_a, \
+            sandbox_pkg.open(spec, backend=backend, settings=settings) as sb_b:
         (a,), (b,) = sb_a._bindings, sb_b._bindings
-        assert a.bridge == "hg-public0"
-        _check_guard_then_negative_control(sb_a, a, b)
+        assert a.bridge == bridge and a.ifindex != b.ifindex
+        # podman gives containers no CAP_NET_RAW, so a root agent there cannot even open a raw socket; the attack
+        # runs as host root in A's network namespace instead (a stronger attacker, the same frames from A's eth0)
+        _check_guard_then_negative_control(_in_netns_of(sb_a) if backend == "podman" else sb_a, a, b)
+
+
+def _in_netns_of(sb):
+    """A runner of the attack as host root in ``sb``'s network namespace (argv's python3 is the host's)."""
+    pid = sb.client.api.inspect_container(sb.container_id)["State"]["Pid"]
+
+    def run(argv):
+        return subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "--", "/usr/bin/python3", *argv[1:]],
+                              capture_output=True, text=True, timeout=60)
+
+    return run
 
 
 @pytest.mark.bwrap
@@ -111,23 +127,3 @@ def test_gym_10_a_local_sandbox_cannot_send_as_its_sibling():
         a, b = _net._bindings[sb_a._address], _net._bindings[sb_b._address]
         assert a.bridge == "hg-local0"
         _check_guard_then_negative_control(sb_a, a, b)
-
-
-@pytest.mark.podman
-def test_gym_10_a_rootful_podman_sandbox_cannot_send_as_its_sibling():
-    # SPEC: GYM-10 — the same attack on rootful podman's public bridge (hgp-public0), whose host veths netavark
-    # names veth0, veth1, ... (the guard keys them by index, so a reused name never inherits a binding)
-    from harbor_gym import sandbox as sandbox_pkg
-
-    settings = SandboxSettings.from_config(EnvConfig.coerce({"backend": "podman", "labels": dict([LABEL])}))
-    spec = SandboxSpec(image=BASE_IMAGE, network=True, name_hint="spoof")
-    with sandbox_pkg.open(spec, backend="podman", settings=settings) as sb_a, \
-            sandbox_pkg.open(spec, backend="podman", settings=settings) as sb_b:
-        (a,), (b,) = sb_a._bindings, sb_b._bindings
-        assert a.bridge == "hgp-public0" and a.ifindex != b.ifindex
-        # podman gives containers no CAP_NET_RAW, so a root agent there cannot even open a raw socket; the attack
-        # runs as host root in A's network namespace instead (a stronger attacker, same frames from A's eth0)
-        pid = sb_a.client.api.inspect_container(sb_a.container_id)["State"]["Pid"]
-        in_a = lambda argv: subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "--", "/usr/bin/python3",  # noqa: E731
-                                            *argv[1:]], capture_output=True, text=True, timeout=60)
-        _check_guard_then_negative_control(in_a, a, b)
