@@ -157,8 +157,12 @@ class PrivateEngine:
             client.close()
 
     def remove(self) -> None:
-        """Stop it (if running) and delete its folder, unmounting what its containers left mounted."""
-        self.stop()
-        subprocess.run(["umount", "-R", str(self.root / "data")], capture_output=True)
-        subprocess.run(["umount", "-R", str(self.root / "exec")], capture_output=True)
+        """Kill it with everything it ran (`kill`: no graceful stop to wait for), unmount whatever is mounted under
+        its folder (container layers, network namespaces), deepest first, and delete the folder."""
+        self.kill()
+        prefix = f"{self.root}/"
+        with open("/proc/mounts") as table:
+            mounts = [line.split()[1] for line in table if line.split()[1].startswith(prefix)]
+        for point in sorted(mounts, key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -6,8 +6,6 @@ copied into it once per module."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -40,9 +38,7 @@ def engine(docker_client):
         client.close()
         yield eng
     finally:
-        eng.stop()
-        subprocess.run(["umount", "-R", str(root / "data")], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
+        eng.remove()
 
 
 def _factory(client, cfg):

@@ -47,7 +47,7 @@ def engines(docker_client):
         eng.load_image(docker_client, BASE_IMAGE)
         yield {"host": docker_client, "private": eng}
     finally:
-        eng.remove()  # SIGTERM: dockerd stops its containers (the reaper too) before it exits, leaving no shim
+        eng.remove()  # SIGKILL of dockerd, its shims and containers (the reaper too), then its mounts: nothing left
 
 
 def _reset_ray_auth() -> None:
