@@ -32,9 +32,12 @@ live harbor_gym process notices (a failed write, or the periodic inspect) and re
 reaper gives resources without a lease file one TTL of grace from its start. While no reaper runs, nothing is
 removed by lease (``harbor-gym gc`` still removes the resources of dead runs of this host).
 
-Engines: the socket mounted into the reaper is the engine host's ``/var/run/docker.sock``, or the path of a
-``unix://`` ``DOCKER_HOST``, or ``HARBOR_GYM_REAPER_SOCKET``; a remote engine (``tcp://``, ``ssh://``) is reached
-the same way, since the reaper runs on it. On podman the socket's folder is mounted (`_podman.reaper_mount`: a
+Engines: the socket mounted into the reaper is the one ``EnvConfig.engine_sockets`` names for the engine
+(`harbor_gym.sandbox.engines`), else ``HARBOR_GYM_REAPER_SOCKET``, else the client's own unix socket, else the engine
+host's ``/var/run/docker.sock``; a remote engine (``tcp://``, ``ssh://``) is reached the same way, since the reaper
+runs on it. A socket that reaches another engine would have the reaper judge that engine's resources by these
+leases, so the reaper checks at every start that its socket knows its own container and never reaps otherwise, and
+the process that creates it asks it once (``--check-engine``) and refuses, naming the setting. On podman the socket's folder is mounted (`_podman.reaper_mount`: a
 service restarted on the same path makes a new socket file), and a reaper whose folder is not the current
 socket's is recreated.
 """
