@@ -237,11 +237,14 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     """Remove what crashed runs left behind (labelled, lease expired): Docker resources and local sandboxes;
     with --images also the build cache. Resources of live runs are never touched."""
     from harbor_gym.errors import SandboxUnavailableError
-    from harbor_gym.sandbox.engines import EngineSet
+    from harbor_gym.sandbox.engines import EngineSet, url_problem
     from harbor_gym.sandbox.gc import collect_garbage
     from harbor_gym.sandbox.local import collect_local_garbage
 
     status = EXIT_OK
+    for url in args.engine:
+        if url_problem(url):
+            raise UsageError(f"--engine {url_problem(url)}")
     for url in args.engine or [None]:
         where = "docker" if url is None else f"docker {url}"
         try:

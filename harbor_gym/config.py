@@ -330,11 +330,12 @@ class EnvConfig(BaseModel):
     @field_validator("engines")
     @classmethod
     def _engine_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from harbor_gym.sandbox.engines import ENGINE_URL_SCHEMES
+        from harbor_gym.sandbox.engines import url_problem
 
         for url in value:
-            if not isinstance(url, str) or not url.startswith(ENGINE_URL_SCHEMES) or not url.split("://", 1)[1]:
-                raise ValueError(f"engines: {url!r} is not a Docker host URL ({', '.join(ENGINE_URL_SCHEMES)})")
+            problem = url_problem(url)
+            if problem:
+                raise ValueError(f"engines: {problem}")
         if len(set(value)) != len(value):
             raise ValueError("engines: an engine is listed twice")
         return tuple(value)

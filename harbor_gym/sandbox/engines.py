@@ -36,7 +36,7 @@ from harbor_gym.sandbox._engine import REQUEST_TIMEOUT_S
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["Engine", "EngineSet", "engine_set", "known_clients", "REAPER_SOCKET_ATTR", "DEFAULT_PROBE_INTERVAL_S",
+__all__ = ["Engine", "EngineSet", "engine_set", "url_problem", "known_clients", "REAPER_SOCKET_ATTR", "DEFAULT_PROBE_INTERVAL_S",
            "ENGINE_URL_SCHEMES"]
 
 log = logging.getLogger("harbor_gym.sandbox")
@@ -91,6 +91,13 @@ class Engine:
     @property
     def in_service(self) -> bool:
         return self.down_cause is None
+
+
+def url_problem(url: object) -> str | None:
+    """``None`` if ``url`` is a Docker host URL ``EnvConfig.engines`` accepts, else what is wrong with it."""
+    if not isinstance(url, str) or not url.startswith(ENGINE_URL_SCHEMES) or not url.split("://", 1)[1]:
+        return f"{url!r} is not a Docker host URL ({', '.join(ENGINE_URL_SCHEMES)})"
+    return None
 
 
 def _default_socket(url: str) -> str:

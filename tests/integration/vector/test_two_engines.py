@@ -204,7 +204,7 @@ def test_killed_engine_gives_named_outages_and_the_run_goes_on(task, second, doc
         assert len(outages) == 2 and sorted(reward) == [0.0, 0.0, 1.0, 1.0]
         for r in outages:
             assert f"engine {second.url} does not answer" in r.failure_message, r.failure_message
-            assert r.retryable or not r.graded
+            assert r.retryable and not r.graded  # an outage: ungraded, retryable (STOP-8)
         # the run goes on: every episode from here on lands on the host's engine and passes
         for _ in range(2):
             _, reward, terminated, _, info = env.step([DONE] * 4)
