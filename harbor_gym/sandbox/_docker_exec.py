@@ -5,7 +5,9 @@ Design (DockerSandbox.exec): the command runs under a small ``sh`` wrapper that 
 prints the command's pid, waits for it, then emits the files (each capped with ``head -c``) on the exec's own
 stdout/stderr and a trailer with the exit code and the full sizes. Background processes the command leaves behind
 hold the files, not the attached stream, so the call returns as soon as the command ends. Two engine requests
-per command (exec create + attached start); the exit code comes from the trailer, not an extra inspect.
+per command (exec create + attached start); the exit code comes from the trailer, not an extra inspect. The stream
+is read from the socket under the SDK's HTTP reply, after the bytes that reply's buffered reader took with the
+headers (`start_attached`): the SDK's own readers drop those, which loses a fast command's whole output.
 
 Timeout: the host reads the stream against the deadline; when it passes, one root exec kills the command's
 whole process group (``kill -KILL -- -pid``), the wrapper then reports what was captured, and the result has
@@ -20,7 +22,8 @@ import struct
 import time
 from dataclasses import dataclass
 
-__all__ = ["WRAPPER", "wrap", "StreamResult", "read_stream", "kill_command", "cut_marker"]
+__all__ = ["WRAPPER", "wrap", "StreamResult", "start_attached", "read_stream", "read_all", "kill_command",
+           "cut_marker"]
 
 WRAPPER = r"""cap=$1; shift
 d=$(mktemp -d "${TMPDIR:-/tmp}/.hg-exec.XXXXXX") || { echo "harbor_gym: mktemp failed" >&2; exit 125; }
@@ -69,15 +72,43 @@ class StreamResult:
     eof: bool  # the stream ended (as opposed to the host giving up on it)
 
 
+def start_attached(api, exec_id: str) -> tuple[object, bytes]:
+    """Start an exec attached: its socket, and the stream bytes the SDK already read past the upgrade's headers.
+
+    The SDK parses the ``101 UPGRADED`` reply through a buffered reader and hands back the socket under it; when
+    the command's first output arrived with the headers (a fast command, a busy client), that output sits in the
+    reader's buffer and a read of the socket never sees it (a lost pid line and trailer looked like an exec that
+    never started). The buffer is taken without blocking: at most one non-blocking read of the socket.
+    """
+    sock = api.exec_start(exec_id, socket=True)
+    return sock, _take_buffered(sock)
+
+
+def _take_buffered(sock) -> bytes:
+    fp = getattr(getattr(getattr(getattr(sock, "_response", None), "raw", None), "_fp", None), "fp", None)
+    raw = getattr(sock, "_sock", sock)
+    if fp is None or not hasattr(fp, "read1") or not hasattr(raw, "setblocking"):
+        return b""
+    before = raw.gettimeout()
+    raw.setblocking(False)
+    try:
+        return fp.read1(1 << 16) or b""  # buffered bytes first, without touching the socket
+    except (BlockingIOError, InterruptedError):
+        return b""
+    finally:
+        raw.settimeout(before)
+
+
 class _Reader:
     """Parses Docker's multiplexed stream (8-byte frame headers) from a raw socket, against deadlines."""
 
-    def __init__(self, sock) -> None:
+    def __init__(self, sock, early: bytes = b"") -> None:
         self.sock = getattr(sock, "_sock", sock)
         self.buf = bytearray()
         self.out = bytearray()
         self.err = bytearray()
         self.eof = False
+        self._frames(early)
 
     def pump(self, until: float | None) -> bool:
         """Read one chunk; False when ``until`` passed without data."""
@@ -94,6 +125,10 @@ class _Reader:
         if not chunk:
             self.eof = True
             return True
+        self._frames(chunk)
+        return True
+
+    def _frames(self, chunk: bytes) -> None:
         self.buf += chunk
         while len(self.buf) >= 8:
             kind, size = self.buf[0], struct.unpack(">I", self.buf[4:8])[0]
@@ -102,7 +137,6 @@ class _Reader:
             payload = self.buf[8:8 + size]
             del self.buf[:8 + size]
             (self.err if kind == 2 else self.out).extend(payload)
-        return True
 
     def pid(self) -> int | None:
         if self.out.startswith(b"P"):
@@ -112,14 +146,15 @@ class _Reader:
         return None
 
 
-def read_stream(sock, *, deadline: float | None, on_deadline, grace_s: float, poll_s: float, on_poll) -> StreamResult:
-    """Read the wrapper's stream until it ends.
+def read_stream(sock, *, deadline: float | None, on_deadline, grace_s: float, poll_s: float, on_poll,
+                early: bytes = b"") -> StreamResult:
+    """Read the wrapper's stream until it ends (``early``: the bytes `start_attached` recovered, read first).
 
     ``on_deadline(pid)`` is called once when ``deadline`` (monotonic) passes with the command's pid (it kills the
     process group); reading then continues for at most ``grace_s``. Without a deadline the stream is read in
     ``poll_s`` slices and ``on_poll()`` is called after each quiet slice (it raises if the container died).
     """
-    reader = _Reader(sock)
+    reader = _Reader(sock, early)
     timed_out = False
     give_up: float | None = None
     try:
@@ -161,6 +196,25 @@ def read_stream(sock, *, deadline: float | None, on_deadline, grace_s: float, po
             err = err[:cut]
     return StreamResult(pid=pid, stdout=out, stderr=err, exit_code=exit_code, stdout_size=so,
                         stderr_size=se if se is not None else len(err), timed_out=timed_out, eof=reader.eof)
+
+
+def read_all(api, exec_id: str, *, timeout: float = 60.0) -> tuple[bytes, bytes]:
+    """Start an exec attached and read its (stdout, stderr) to the end, within ``timeout`` seconds of quiet.
+
+    For harbor_gym's own short commands (the SDK's non-socket ``exec_start`` reads the same socket and loses the
+    bytes buffered with the headers, see `start_attached`)."""
+    sock, early = start_attached(api, exec_id)
+    reader = _Reader(sock, early)
+    try:
+        while not reader.eof:
+            if not reader.pump(time.monotonic() + timeout):
+                break
+    finally:
+        try:
+            sock.close()
+        except OSError:
+            pass
+    return bytes(reader.out), bytes(reader.err)
 
 
 def kill_command(api, container_id: str, pid: int) -> None:

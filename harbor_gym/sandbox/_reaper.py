@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from harbor_gym.errors import SandboxUnavailableError
 from harbor_gym.sandbox import _reaper_script
+from harbor_gym.sandbox._docker_exec import read_all
 from harbor_gym.sandbox._engine import engine_key
 from harbor_gym.sandbox.base import SandboxSettings
 
@@ -228,7 +229,8 @@ def _check_engine(client: "docker.DockerClient") -> None:
     """
     api = client.api
     exec_id = api.exec_create(REAPER_NAME, ["python3", _SCRIPT_PATH, "--check-engine"], user="0")["Id"]
-    seen = api.exec_start(exec_id).decode("utf-8", "replace").strip()
+    out, err = read_all(api, exec_id)
+    seen = (out + err).decode("utf-8", "replace").strip()
     if seen == "ok":
         return
     try:
@@ -363,8 +365,10 @@ class EngineLease:
         self.client = client
         self.settings = settings
         self.engine_key = _engine_key(client)
+        self._engine_name = engine_key(client)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failing = False
         ensure_reaper(client, settings)
         try:
             self._write(b"%.3f\n" % time.time(), strict=True)
@@ -387,12 +391,21 @@ class EngineLease:
         self._wake.set()
 
     def renew(self) -> None:
-        """Rewrite the lease file now; a missing reaper is recreated first (raises nothing; logs failures)."""
+        """Rewrite the lease file now; a missing reaper is recreated first (raises nothing). The first failure of a
+        run of failures is a warning, the rest are debug lines until a renewal succeeds again (an engine that went
+        away for good, a removed remote host, would otherwise log at every beat for the rest of the process)."""
         try:
             ensure_reaper(self.client, self.settings)
             self._write(b"%.3f\n" % time.time(), strict=False)
         except Exception as exc:  # the next beat retries; the reaper grants one TTL of grace to a new lease
-            log.warning("lease %s: renewal in the engine failed: %s", self.lease.run_id, exc)
+            level = logging.DEBUG if self._failing else logging.WARNING
+            self._failing = True
+            log.log(level, "lease %s: renewal in engine %s failed (retried at each beat, logged again once it "
+                    "succeeds): %s", self.lease.run_id, self._engine_name, exc)
+            return
+        if self._failing:
+            self._failing = False
+            log.warning("lease %s: renewal in engine %s succeeds again", self.lease.run_id, self._engine_name)
 
     def release(self) -> None:
         """Mark the lease released: the reaper removes whatever of the run is left at its next pass. Waits at most

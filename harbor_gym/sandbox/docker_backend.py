@@ -304,7 +304,7 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
                 environment=dict(env) if env else None, workdir=cwd or self.spec.workdir,
             )["Id"]
             self._count()
-            sock = api.exec_start(exec_id, socket=True)
+            sock, early = dx.start_attached(api, exec_id)
             self._count()
         except Exception as exc:
             translate_error(exc, what="exec", sandbox=self.name)
@@ -326,7 +326,7 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
 
         try:
             res = dx.read_stream(sock, deadline=deadline, on_deadline=on_deadline, grace_s=KILL_GRACE_S,
-                                 poll_s=POLL_S, on_poll=on_poll)
+                                 poll_s=POLL_S, on_poll=on_poll, early=early)
         except SandboxError:
             raise
         except Exception as exc:

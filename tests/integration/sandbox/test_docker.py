@@ -61,6 +61,43 @@ def test_container_killed_mid_command_raises_naming_the_sandbox(settings_with, d
         assert sb.name in str(err.value)
 
 
+@pytest.fixture
+def slow_upgrade_reply(monkeypatch):
+    """The client reads each HTTP reply's headers 0.5 s late (a busy trainer process): a fast command's whole
+    output then arrives with the exec's ``101 UPGRADED`` headers, into the SDK's buffered reader."""
+    import http.client
+
+    begin = http.client.HTTPResponse.begin
+
+    def late(self):
+        time.sleep(0.5)
+        return begin(self)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", late)
+
+
+def test_gym_4_output_that_arrives_with_the_upgrade_headers_is_kept(settings_with, slow_upgrade_reply):
+    # SPEC: GYM-4 — a command's exit code and output are recorded, however fast it ran (it once came back as
+    # "exec could not start the command" with nothing: the SDK's reader had taken the pid line and trailer)
+    with DockerSandbox(SandboxSpec(image=BASE_IMAGE, name_hint="fast"), settings_with()) as sb:
+        for _ in range(3):
+            res = sb.exec("echo hello; echo oops >&2; exit 3", timeout=30)
+            assert (res.exit_code, res.stdout, res.stderr) == (3, "hello\n", "oops\n")
+
+
+def test_own_short_commands_keep_output_that_arrives_with_the_headers(docker_client, slow_upgrade_reply):
+    from harbor_gym.sandbox._docker_exec import read_all
+
+    # SPEC: GYM-10 — the reaper's engine check reads its answer this way: a lost "ok" would refuse a good engine
+    box = docker_client.containers.run(BASE_IMAGE, ["sleep", "60"], detach=True, network_mode="none", remove=True,
+                                       labels={"harbor-gym.test": "read-all"})
+    try:
+        exec_id = docker_client.api.exec_create(box.id, ["sh", "-c", "echo ok; echo warn >&2"])["Id"]
+        assert read_all(docker_client.api, exec_id, timeout=30) == (b"ok\n", b"warn\n")
+    finally:
+        box.remove(force=True)
+
+
 def test_load_24_unenforceable_limits_are_refused_at_start(docker_client, settings_with):
     # SPEC: LOAD-24 — this engine is CPU-only: refused, never silently dropped (storage is bounded: GYM-10,
     # tests/hostile/test_limits_network.py)
