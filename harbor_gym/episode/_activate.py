@@ -122,8 +122,10 @@ class _ActivatePhase:
     def _call_agent(self, agent: Any, turn: Turn) -> AgentOutcome:
         try:
             outcome = self._sessions.invoke(agent, turn)  # run(), or start()/continue_turn() (SES-3)
-        except SandboxError:
-            if self._sandbox is None or not self._sandbox.is_alive():
+        except SandboxError as exc:
+            # A retryable one is the engine's or the sandbox's (an exec that could not start, stdin that could not
+            # be sent): an outage, which GYM-12 then judges agent-caused or not, never a graded 0.0 of the agent's.
+            if exc.retryable or self._sandbox is None or not self._sandbox.is_alive():
                 raise
             return AgentOutcome(status=AgentStatus.ERROR, output_tail=traceback.format_exc()[-4096:])
         except Exception:  # an agent's own defect is its error outcome (GYM-5), not the engine's

@@ -122,6 +122,47 @@ def test_stop_8_outage_truncates_retryable(tmp_path, backend):
     assert r1.record.reward == 1.0
 
 
+# SPEC: STOP-8, GYM-12, GYM-13
+def test_stop_8_an_engine_failure_inside_run_is_an_outage_not_the_agents_error(tmp_path):
+    import requests
+
+    task = write_task(tmp_path, {"task.toml": toml(["s1"]), "tests/test.sh": REWARD_1})
+    ep = Episode(load_task(task), {"backend": "docker"})
+
+    class Hiccup:
+        """Its one command meets an engine that does not answer in time (the sandbox itself is fine)."""
+
+        def run(self, turn):
+            api = ep.sandbox.client.api
+            create = api.exec_create
+
+            def late(*args, **kwargs):
+                api.exec_create = create  # once
+                raise requests.exceptions.ReadTimeout("read timed out")
+
+            api.exec_create = late
+            turn.exec("true")
+            return AgentOutcome()
+
+    class BadFolder:
+        def run(self, turn):
+            turn.exec("true", cwd="/no/such/folder")  # the agent's own mistake: its error, graded (GYM-5)
+            return AgentOutcome()
+
+    with ep:
+        ep.start()
+        r = ep.run_turn(Hiccup())
+        assert r.truncated and not r.terminated
+        assert r.record.failure_kind == "harbor_gym:sandbox_outage", r.record
+        assert not r.record.agent_caused and not r.record.trainable  # the engine's doing: nothing to train on
+        assert not r.episode.graded and r.episode.retryable
+    ep = Episode(load_task(task), {"backend": "docker"})
+    with ep:
+        ep.start()
+        r = ep.run_turn(BadFolder())
+        assert r.terminated and r.record.agent_status == "error" and r.episode.graded, r.record
+
+
 # SPEC: STOP-9
 def test_stop_9_stopped_after_turn_and_response(tmp_path):
     class Talker:
