@@ -93,7 +93,7 @@ def _take_buffered(sock) -> bytes:
     raw.setblocking(False)
     try:
         return fp.read1(1 << 16) or b""  # buffered bytes first, without touching the socket
-    except (BlockingIOError, InterruptedError):
+    except OSError:  # nothing buffered and nothing on the socket yet (TLS says so with SSLWantReadError)
         return b""
     finally:
         raw.settimeout(before)
