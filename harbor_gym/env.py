@@ -161,11 +161,9 @@ class HarborEnv(gym.Env[dict, Any]):
     def backend(self) -> str:
         """The sandbox backend this env's episodes use: ``"docker"`` or ``"local"``, ``auto`` decided as the
         sandboxes decide it (once per process: docker when an engine answers)."""
-        from harbor_gym.sandbox import choose_backend
+        from harbor_gym.sandbox import config_backend
 
-        if self.config.engines:  # issue 17: EnvConfig.engines are Docker engines
-            return "docker"
-        return choose_backend(getattr(self.config.backend, "value", self.config.backend))
+        return config_backend(self.config)
 
     @property
     def last_result(self):

@@ -151,11 +151,9 @@ class _Runner:
     def _backend(self) -> str | None:
         """The backend recorded in every row: the config's, ``auto`` decided as the sandboxes decide it (once per
         process; the CLI decides and announces it before the run)."""
-        from harbor_gym.sandbox import choose_backend
+        from harbor_gym.sandbox import config_backend
 
-        if self.opts.config.engines:  # issue 17: EnvConfig.engines are Docker engines
-            return "docker"
-        return choose_backend(getattr(self.opts.config.backend, "value", self.opts.config.backend))
+        return config_backend(self.opts.config)
 
     def _row(self, result: RolloutResult) -> RolloutRow | FailureRow:
         key = dict(task_id=result.task_id, rollout=result.rollout, seed=result.seed, agent=self.opts.agent.label,

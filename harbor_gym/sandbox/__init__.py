@@ -33,6 +33,7 @@ __all__ = [
     "open",
     "create",
     "choose_backend",
+    "config_backend",
     "engine_client",
     "BACKENDS",
     "ENGINE_BACKENDS",
@@ -85,6 +86,15 @@ def choose_backend(backend: str = "auto") -> str:
             else:
                 log.info("sandbox backend auto -> local (no Docker engine: %s)", reason)
         return _auto_choice
+
+
+def config_backend(config: object) -> str:
+    """The concrete backend of an `EnvConfig`: ``"docker"`` when it lists ``engines`` (issue 17: they are Docker
+    engines), else `choose_backend` of its ``backend``."""
+    if getattr(config, "engines", None):
+        return "docker"
+    backend = getattr(config, "backend", "auto")
+    return choose_backend(getattr(backend, "value", backend))
 
 
 def engine_client(backend: str):

@@ -20,8 +20,8 @@ from harbor_gym.errors import SandboxError, SandboxPathError, SandboxUnavailable
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["get_client", "default_client", "engine_scope", "scoped_client", "engine_key", "is_remote",
-           "engine_answers", "RequestCounter", "count_requests", "translate_error", "engine_info", "StorageSupport",
+__all__ = ["get_client", "default_client", "engine_scope", "scoped_client", "engine_key", "engine_identity",
+           "is_remote", "engine_answers", "RequestCounter", "count_requests", "translate_error", "engine_info", "StorageSupport",
            "storage_driver_support", "storage_support", "STORAGE_NEEDS"]
 
 log = logging.getLogger("harbor_gym.sandbox")
@@ -77,6 +77,12 @@ def engine_key(client: Any) -> str:
         if base.startswith(scheme):
             return "tcp://" + base[len(scheme):]
     return base
+
+
+def engine_identity(client: Any, info: Mapping[str, Any]) -> str:
+    """A cache key for the engine ``client`` talks to, given its ``docker info``: URL and engine ID (two engines of
+    one host share an ID, read from the host's /etc/docker/key.json, so the ID alone does not tell them apart)."""
+    return f"{engine_key(client)}|{info.get('ID') or id(client)}"
 
 
 def is_remote(client: Any) -> bool:
@@ -257,7 +263,7 @@ def storage_support(client: "docker.DockerClient") -> StorageSupport:
         info = engine_info(client)
     except Exception as exc:
         translate_error(exc, what="read the engine's storage driver")
-    key = f"{engine_key(client)}|{info.get('ID') or id(client)}"  # engines of one host share an ID (key.json)
+    key = engine_identity(client, info)
     with _lock:
         known = _storage.get(key)
     if known is not None:

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from harbor_gym.errors import SandboxError, SandboxUnavailableError
 from harbor_gym.sandbox import _route_chain, _spoofguard
-from harbor_gym.sandbox._engine import engine_info, engine_key, is_remote, translate_error
+from harbor_gym.sandbox._engine import engine_identity, engine_info, engine_key, is_remote, translate_error
 from harbor_gym.sandbox.base import MANAGED_LABEL
 
 if TYPE_CHECKING:
@@ -193,8 +193,7 @@ def _cached(client: "docker.DockerClient", name: str, options: dict[str, str], *
 
 def _engine_key(client: "docker.DockerClient") -> str:
     try:
-        # Two engines of one host share an ID (from the host's /etc/docker/key.json): the URL tells them apart
-        return f"{engine_key(client)}|{engine_info(client).get('ID') or id(client)}"
+        return engine_identity(client, engine_info(client))
     except Exception:  # the engine does not answer: key by client, the next call fails as it should
         return str(id(client))
 

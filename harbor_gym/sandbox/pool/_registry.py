@@ -172,8 +172,7 @@ def pool_factory(config: "EnvConfig | Mapping[str, Any] | None" = None, *, size:
         raise ConfigError(f"a pool's size must be >= 0, got {bound}", field="pool_size")
     from harbor_gym import sandbox as sandbox_pkg
 
-    backend = "docker" if cfg.engines else sandbox_pkg.choose_backend(cfg.backend.value)  # engines: Docker's
-    return PoolFactory(backend=backend, settings=SandboxSettings.from_config(cfg), size=bound)
+    return PoolFactory(backend=sandbox_pkg.config_backend(cfg), settings=SandboxSettings.from_config(cfg), size=bound)
 
 
 def pools() -> list[SandboxPool]:
