@@ -370,17 +370,31 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
         if res.timed_out:
             return -1
         if res.pid is None:
+            code = self._engine_exit_code(exec_id, wait_s=1.0)
+            if code is not None and code >= 128:
+                # The engine saw the wrapper killed by a signal before it said its pid, the container alive: a
+                # process of the sandbox killed it (GYM-12), a lost wrapper like one killed later, never a retry.
+                return code
             # e.g. runc cannot fork inside a cgroup at its pids cap: transient
             raise SandboxError(f"sandbox {self.name}: exec could not start the command: {text.strip()[-500:]}",
                                retryable=True)
-        try:
-            code = self.client.api.exec_inspect(exec_id).get("ExitCode")
-            self._count()
-        except Exception as exc:
-            translate_error(exc, what="exec", sandbox=self.name)
+        code = self._engine_exit_code(exec_id)
         if code is None:
             raise self._died("exec")
-        return int(code)
+        return code
+
+    def _engine_exit_code(self, exec_id: str, *, wait_s: float = 0.0) -> int | None:
+        """The exec's exit code as the engine recorded it (``None``: none yet), asked again for ``wait_s``."""
+        give_up = time.monotonic() + wait_s
+        while True:
+            try:
+                code = self.client.api.exec_inspect(exec_id).get("ExitCode")
+                self._count()
+            except Exception as exc:
+                translate_error(exc, what="exec", sandbox=self.name)
+            if code is not None or time.monotonic() >= give_up:
+                return None if code is None else int(code)
+            time.sleep(0.05)
 
 
 

@@ -47,6 +47,34 @@ def test_gym_12_non_root_kill_all_is_agent_caused_though_the_sandbox_lives(tmp_p
     assert final.agent_caused and not final.graded
 
 
+#: Turn 1 (root) replaces the image's mktemp, which the harness's exec wrapper calls before it says its command's
+#: pid, by one that SIGKILLs every process whose argv carries the marker: the next turn's script dies with its wrapper
+#: before it starts, while every other command (the probe of GYM-12 included) runs. The marker is split in the file,
+#: so the fake's own tools never carry it.
+_KILL_NEXT_SCRIPT = r"""cp /usr/bin/mktemp /usr/bin/mktemp.real
+cat > /usr/bin/mktemp <<'FAKE'
+#!/bin/sh
+for p in /proc/[0-9]*; do
+  c=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)
+  case "$c" in *HG""MARK*) kill -9 "${p#/proc/}" 2>/dev/null;; esac
+done
+exec /usr/bin/mktemp.real "$@"
+FAKE
+chmod 755 /usr/bin/mktemp"""
+
+
+# SPEC: GYM-12 (a wrapper killed by the sandbox before it said its pid is the agent's doing, not an engine outage
+# to retry: the engine saw it die of a signal, and the probe command still runs)
+def test_gym_12_a_wrapper_killed_before_its_pid_is_agent_caused(tmp_path):
+    results, final = run_episode(_task(tmp_path, "early-killer"), [_KILL_NEXT_SCRIPT, "touch /app/done # HGMARK"],
+                                 config())
+    assert len(results) == 2 and results[0].record.reward == 0.0, results
+    record = results[-1].record
+    assert record.failure_kind == OUTAGE and record.agent_caused, record
+    assert record.outage_cause == "harness_killed" and record.reward == 0.0 and record.trainable, record
+    assert final.agent_caused and not final.graded
+
+
 # SPEC: GYM-12 (a normal failing agent and a clean run are never agent-caused)
 def test_gym_12_ordinary_turns_are_not_agent_caused(tmp_path):
     results, final = run_episode(_task(tmp_path, "plain"), ["exit 3", "touch /app/done"], config())
