@@ -310,7 +310,7 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
             translate_error(exc, what="exec", sandbox=self.name)
         raw_sock = getattr(sock, "_sock", sock)  # kept: closing the SocketIO drops its reference to the socket
         if stdin is not None:
-            self._feed(sock, stdin)
+            self._feed(sock, stdin, deadline)
 
         def on_deadline(pid: int | None) -> None:
             if pid is not None:
@@ -349,15 +349,26 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
                           timed_out=res.timed_out, stdout_truncated=out_cut, stderr_truncated=err_cut,
                           wrapper_lost=lost)
 
-    def _feed(self, sock: Any, data: bytes) -> None:
+    def _feed(self, sock: Any, data: bytes, deadline: float | None) -> None:
+        """Send ``data`` as the command's stdin, within the deadline. A command that stops reading (it ended, was
+        killed, or the deadline passed) is no error here: the stream then says what happened to it, as the engine
+        saw it. Only a send that times out without a deadline raises (nothing else would end the exec)."""
         import socket as _socket
 
         raw = getattr(sock, "_sock", sock)
+        before = raw.gettimeout()
         try:
+            if deadline is not None:
+                raw.settimeout(max(0.01, deadline - time.monotonic()))
             raw.sendall(data)
             raw.shutdown(_socket.SHUT_WR)
+        except (TimeoutError, _socket.timeout) as exc:
+            if deadline is None:
+                raise SandboxError(f"sandbox {self.name}: could not send stdin: {exc}", retryable=True) from exc
         except OSError as exc:
-            raise SandboxError(f"sandbox {self.name}: could not send stdin: {exc}", retryable=True) from exc
+            log.debug("sandbox %s: the command stopped reading its stdin: %s", self.name, exc)
+        finally:
+            raw.settimeout(before)
 
     def _exit_without_trailer(self, res: dx.StreamResult, exec_id: str, cwd: str | None) -> int:
         """The exit code when the wrapper did not report one: the container died, or the exec never started."""

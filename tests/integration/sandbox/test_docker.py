@@ -98,6 +98,18 @@ def test_own_short_commands_keep_output_that_arrives_with_the_headers(docker_cli
         box.remove(force=True)
 
 
+def test_gym_4_stdin_a_command_does_not_read_never_holds_the_exec_past_its_timeout(settings_with):
+    # SPEC: GYM-4 — a command's bound holds whatever it does with its stdin (the send once blocked until the SDK's
+    # 120 s socket timeout, then raised a retryable error); one that stops reading just ends
+    big = b"x" * (8 << 20)
+    with DockerSandbox(SandboxSpec(image=BASE_IMAGE, name_hint="stdin"), settings_with()) as sb:
+        t0 = time.monotonic()
+        res = sb.exec("sleep 60", timeout=2, stdin=big)
+        assert res.timed_out and time.monotonic() - t0 < 15, res
+        res = sb.exec("head -c 5", timeout=30, stdin=big)
+        assert (res.exit_code, res.stdout, res.timed_out) == (0, "xxxxx", False), res
+
+
 def test_load_24_unenforceable_limits_are_refused_at_start(docker_client, settings_with):
     # SPEC: LOAD-24 — this engine is CPU-only: refused, never silently dropped (storage is bounded: GYM-10,
     # tests/hostile/test_limits_network.py)
