@@ -310,7 +310,7 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
             translate_error(exc, what="exec", sandbox=self.name)
         raw_sock = getattr(sock, "_sock", sock)  # kept: closing the SocketIO drops its reference to the socket
         if stdin is not None:
-            self._feed(sock, stdin, deadline)
+            self._feed(sock, stdin, deadline, exec_id)
 
         def on_deadline(pid: int | None) -> None:
             if pid is not None:
@@ -349,26 +349,39 @@ class DockerSandbox(DockerContainerMixin, DockerFilesMixin, DockerOutageMixin):
                           timed_out=res.timed_out, stdout_truncated=out_cut, stderr_truncated=err_cut,
                           wrapper_lost=lost)
 
-    def _feed(self, sock: Any, data: bytes, deadline: float | None) -> None:
-        """Send ``data`` as the command's stdin, within the deadline. A command that stops reading (it ended, was
-        killed, or the deadline passed) is no error here: the stream then says what happened to it, as the engine
-        saw it. Only a send that times out without a deadline raises (nothing else would end the exec)."""
+    def _feed(self, sock: Any, data: bytes, deadline: float | None, exec_id: str) -> None:
+        """Send ``data`` as the command's stdin, within the deadline. A command that stops reading is no error here
+        (it ended, was killed, or the deadline passed): the stream then says what happened to it, as the engine saw
+        it. While the send is blocked, the engine is asked every half second whether the exec still runs."""
         import socket as _socket
 
         raw = getattr(sock, "_sock", sock)
         before = raw.gettimeout()
+        view, sent = memoryview(data), 0
         try:
-            if deadline is not None:
-                raw.settimeout(max(0.01, deadline - time.monotonic()))
-            raw.sendall(data)
+            while sent < len(view):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                raw.settimeout(0.5 if left is None else min(0.5, left))
+                try:
+                    sent += raw.send(view[sent:sent + (1 << 16)])
+                except (TimeoutError, _socket.timeout):
+                    if not self._exec_running(exec_id):
+                        return
             raw.shutdown(_socket.SHUT_WR)
-        except (TimeoutError, _socket.timeout) as exc:
-            if deadline is None:
-                raise SandboxError(f"sandbox {self.name}: could not send stdin: {exc}", retryable=True) from exc
         except OSError as exc:
             log.debug("sandbox %s: the command stopped reading its stdin: %s", self.name, exc)
         finally:
             raw.settimeout(before)
+
+    def _exec_running(self, exec_id: str) -> bool:
+        try:
+            running = bool(self.client.api.exec_inspect(exec_id).get("Running"))
+            self._count()
+            return running
+        except Exception:  # the stream will tell
+            return False
 
     def _exit_without_trailer(self, res: dx.StreamResult, exec_id: str, cwd: str | None) -> int:
         """The exit code when the wrapper did not report one: the container died, or the exec never started."""
