@@ -78,6 +78,9 @@ class ProxyLimits:
         max_activation_bytes: request and answer bytes of every call of one activation window together.
         max_calls_per_activation: calls admitted per activation window (429 past it, counted, not recorded).
         max_connections_per_peer: open connections from one peer address (503 and closed past it, counted).
+        max_concurrent_calls_per_session: model calls of one session (one episode) in flight at once; one more
+            is answered 429 and counted in the window's ``refused_over_cap``, so that one episode cannot hold
+            the upstream's capacity that other episodes share.
         max_header_bytes: the request line and headers of one request (431 over it).
         header_timeout_s: the request line and headers must arrive within this (slowloris; 408).
         request_timeout_s: a whole request (headers and body) must arrive within this (408).
@@ -90,6 +93,7 @@ class ProxyLimits:
     max_activation_bytes: int = 512 * MiB
     max_calls_per_activation: int = 4096
     max_connections_per_peer: int = 256
+    max_concurrent_calls_per_session: int = 16
     max_header_bytes: int = 64 * 1024
     header_timeout_s: float = 30.0
     request_timeout_s: float = 120.0

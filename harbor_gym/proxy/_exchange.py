@@ -324,6 +324,8 @@ def _json_object(data: bytes | str, status: int, what: str) -> dict[str, Any]:
         value = json.loads(data)
     except ValueError as exc:
         raise CallFailed(status, f"{what} is not JSON") from exc
+    except RecursionError as exc:  # nesting deeper than the interpreter's stack: hostile, refused like bad JSON
+        raise CallFailed(status, f"{what} nests too deeply") from exc
     if not isinstance(value, dict):
         raise CallFailed(status, f"{what} is not a JSON object")
     return value

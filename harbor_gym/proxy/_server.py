@@ -9,7 +9,8 @@ and ``GET /v1/models`` (``/models``, forwarded, not recorded). Every request mus
 - unknown or closed token -> 401, counted on the proxy (`CaptureProxy.refused_unauthorized`);
 - valid token, no activation window open -> 403, counted on the session (`ProxySession.refused_outside`), never
   forwarded, never recorded;
-- past ``max_calls_per_activation`` -> 429, counted on the window;
+- past ``max_calls_per_activation``, or with ``max_concurrent_calls_per_session`` calls of the session in
+  flight -> 429, counted on the window;
 - otherwise the call is forwarded (`_exchange`) and recorded in the window, whatever its end (``ok``, ``error``,
   ``cancelled``).
 
@@ -347,6 +348,9 @@ class CaptureProxy:
         if state == "over_cap":
             return await refuse(429, f"this activation made {self.limits.max_calls_per_activation} model calls, "
                                      "the cap (GYM-10)")
+        if state == "too_many":
+            return await refuse(429, f"this session has {self.limits.max_concurrent_calls_per_session} model calls "
+                                     "in flight, the cap (GYM-10): wait for one to end")
         if call is None:  # admitted, not recorded: the model list
             return await self._models(conn, api)
         await self._call(conn, request, session, call, api)

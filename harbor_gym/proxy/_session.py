@@ -53,7 +53,8 @@ class ActivationCalls:
         refused_outside: calls made with the session's token *before* this window opened and after the previous
             one ended (or the session opened): answered 403, never forwarded, never recorded.
         refused_over_cap: calls refused inside this window because it had reached
-            ``ProxyLimits.max_calls_per_activation`` (answered 429, not recorded).
+            ``ProxyLimits.max_calls_per_activation``, or had ``ProxyLimits.max_concurrent_calls_per_session``
+            calls in flight (answered 429, not recorded).
     """
 
     turn_index: int
@@ -254,7 +255,8 @@ class ProxySession:
     # --- the loop thread's side ----------------------------------------------------------------------------
     def _admit(self, *, recorded: bool = True) -> tuple[str, _Call | None]:
         """Admit one request: ``("ok", call)`` (``call`` is ``None`` for a request that is not recorded, e.g. the
-        model list), or ``("closed" | "outside" | "over_cap", None)``."""
+        model list), or ``("closed" | "outside" | "over_cap" | "too_many", None)`` (``too_many``: the session
+        has ``max_concurrent_calls_per_session`` calls in flight)."""
         with self._lock:
             if self._closed:
                 return "closed", None
@@ -267,6 +269,9 @@ class ProxySession:
             if window.admitted >= self._limits.max_calls_per_activation:
                 window.refused_over_cap += 1
                 return "over_cap", None
+            if len(window.inflight) >= self._limits.max_concurrent_calls_per_session:
+                window.refused_over_cap += 1
+                return "too_many", None
             window.admitted += 1
             self._seq += 1
             call = _Call(window=window, seq=self._seq)
