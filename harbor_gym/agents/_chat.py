@@ -40,6 +40,11 @@ import re
 import time
 from typing import Any, Mapping
 
+try:  # the HTTP client the openai SDK itself depends on (named httpx2 in its newer releases)
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover - older openai releases
+    import httpx  # type: ignore[no-redef]
+
 from harbor_gym.agents._chat_wire import (
     TOKEN_OPTIONS,
     RefusedOptions,
@@ -53,10 +58,14 @@ from harbor_gym.agents._outcome import AgentOutcome, AgentOutcomePolicy, AgentSt
 from harbor_gym.agents._script import tail
 from harbor_gym.agents._turn import Turn
 
-__all__ = ["ChatAgent", "BASH_TOOL", "SYSTEM_PROMPT", "TEXT_PROMPT", "MODEL_UNREACHABLE", "MODEL_ERROR"]
+__all__ = ["ChatAgent", "BASH_TOOL", "SYSTEM_PROMPT", "TEXT_PROMPT", "MODEL_UNREACHABLE", "MODEL_ERROR",
+           "MODEL_BAD_REPLY"]
 
 MODEL_UNREACHABLE = "harbor_gym:model_unreachable"
 MODEL_ERROR = "harbor_gym:model_error"
+#: The server's answer broke the protocol: not JSON, the wrong shapes, over ``max_reply_bytes``, or a (streamed)
+#: answer still arriving when its time ran out. Ungraded and retryable, like an unreachable server.
+MODEL_BAD_REPLY = "harbor_gym:model_bad_reply"
 
 #: The tool of tools mode: ``bash`` with one required string parameter, ``command``.
 BASH_TOOL: dict[str, Any] = {
@@ -120,6 +129,15 @@ class ChatAgent:
         extra_body: more request-body fields (e.g. ``{"top_k": 20}``).
         stream: ask for a streamed answer (``stream_options.include_usage``) and join its chunks, token ids and
             logprobs included (`parse_stream`); default False.
+        max_reply_bytes: the most bytes of one answer read (default 32 MiB); a longer answer ends the activation
+            with `MODEL_BAD_REPLY`.
+        max_tool_calls_per_reply: the most commands of one reply that run (default 64); each one past it gets an
+            error message as its output and does not run.
+
+    Whatever the server answers (malformed JSON, wrong shapes, huge or endless answers, thousands of tool calls),
+    the activation ends within the turn's time with a documented ``failure_kind`` or stop reason, and what the
+    sandbox printed only ever reaches the conversation as the content string of a ``tool`` (or, in text mode,
+    ``user``) message: never as a role, a tool call or a command of the model.
     """
 
     name = "chat"
@@ -132,11 +150,14 @@ class ChatAgent:
                  output_limit_bytes: int = 16384, max_turn_tokens: int | None = None,
                  request_timeout_s: float = 600.0, max_retries: int = 2, token_data: bool = True,
                  extra_body: Mapping[str, Any] | None = None, api_key_env: str = "OPENAI_API_KEY",
-                 stream: bool = False) -> None:
+                 stream: bool = False, max_reply_bytes: int = 32 * 1024 * 1024,
+                 max_tool_calls_per_reply: int = 64) -> None:
         if tool_mode not in ("tools", "text"):
             raise ValueError(f"ChatAgent: tool_mode must be 'tools' or 'text', got {tool_mode!r}")
         if max_steps < 1:
             raise ValueError("ChatAgent: max_steps must be >= 1")
+        if max_reply_bytes < 1 or max_tool_calls_per_reply < 1:
+            raise ValueError("ChatAgent: max_reply_bytes and max_tool_calls_per_reply must be >= 1")
         self.model = str(model)
         self.base_url = str(base_url).rstrip("/")
         self._api_key = api_key
@@ -155,6 +176,8 @@ class ChatAgent:
         self.token_data = bool(token_data)
         self.extra_body = dict(extra_body or {})
         self.stream = bool(stream)
+        self.max_reply_bytes = int(max_reply_bytes)
+        self.max_tool_calls_per_reply = int(max_tool_calls_per_reply)
         self._client_obj: Any = None
 
     # --- identity, pickling --------------------------------------------------------------------------------
@@ -167,7 +190,8 @@ class ChatAgent:
         return (self.model, self.base_url, self.api_key_env, self.max_steps, self.temperature, self.max_tokens,
                 self.seed, self.system_prompt, self.tool_mode, self.command_timeout_s, self.output_limit_bytes,
                 self.max_turn_tokens, self.request_timeout_s, self.max_retries, self.token_data,
-                json.dumps(self.extra_body, sort_keys=True, default=str), self.stream)
+                json.dumps(self.extra_body, sort_keys=True, default=str), self.stream, self.max_reply_bytes,
+                self.max_tool_calls_per_reply)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other._settings() == self._settings()  # type: ignore[attr-defined]
@@ -256,6 +280,9 @@ class ChatAgent:
                 break
             results, text_outputs = [], []
             for call_id, command, error in commands:
+                if error is None and turn.is_expired:
+                    error = "error: not run: the turn's time ran out"
+                    stop, status = "time", AgentStatus.TIMEOUT
                 if error is not None:
                     output = error
                 else:
@@ -273,6 +300,8 @@ class ChatAgent:
                                        "arguments": _arguments(c["arguments"])} for c in parsed.tool_calls]
             step["observation"] = {"results": results}
             steps.append(step)
+            if status is AgentStatus.TIMEOUT:
+                break
         return AgentOutcome(status=status, response=response, exit_code=last_exit, trajectory=tuple(steps),
                             output_tail=tail(last_output or (response or "")),
                             metadata={"stop_reason": stop, "calls": len(turn.model_calls), "model": self.model,
@@ -283,9 +312,16 @@ class ChatAgent:
         """``(tool_call_id, command, error)`` of each command of a reply; ``error`` is sent back instead of running
         (a tool that is not ``bash``, arguments that are not JSON with a string ``command``)."""
         if self.tool_mode == "text":
-            return [(None, block, None) for block in _BLOCK.findall(parsed.text or "")]
+            blocks = _BLOCK.findall(parsed.text or "")
+            return [(None, block, None) if i < self.max_tool_calls_per_reply else
+                    (None, "", f"error: not run: a reply may run at most {self.max_tool_calls_per_reply} commands")
+                    for i, block in enumerate(blocks)]
         out = []
         for c in parsed.tool_calls:
+            if len(out) >= self.max_tool_calls_per_reply:
+                out.append((c["id"], "", f"error: not run: a reply may run at most {self.max_tool_calls_per_reply} "
+                                         "commands"))
+                continue
             if c["name"] != "bash":
                 out.append((c["id"], "", f"error: no tool named {c['name']!r}; the only tool is bash"))
                 continue
@@ -345,9 +381,9 @@ class ChatAgent:
                 raise _ModelFailure(MODEL_UNREACHABLE, AgentOutcomePolicy.RETRY,
                                     f"model server {self.base_url} unreachable after {self.max_retries} retries: "
                                     f"{type(exc).__name__}: {_one_line(exc)}") from exc
-            except ValueError as exc:  # not JSON, or no choices[0].message
-                raise _ModelFailure(MODEL_UNREACHABLE, AgentOutcomePolicy.RETRY,
-                                    f"model server {self.base_url} gave an unreadable answer: {exc}") from exc
+            except _BadReply as exc:
+                raise _ModelFailure(MODEL_BAD_REPLY, AgentOutcomePolicy.RETRY,
+                                    f"model server {self.base_url} gave an unusable answer: {exc}") from exc
         else:
             raise _BadRequest("the model server refused every form of the request (400)")
         latency = time.monotonic() - t0
@@ -369,29 +405,58 @@ class ChatAgent:
 
     def _send(self, timeout: float, retries: int, messages: list[dict[str, Any]], body: dict[str, Any],
               params: dict[str, Any]) -> Any:
-        """One HTTP request; the answer as sent (raw JSON, or the raw SSE chunks when streaming), parsed."""
+        """One HTTP request; the answer as sent (raw JSON, or the raw SSE chunks when streaming), parsed.
+
+        The body is read piece by piece against ``timeout`` as a whole (not per read: a server trickling bytes
+        never holds the turn past it) and against ``max_reply_bytes``.
+
+        Raises:
+            _BadReply: the answer is unusable (see `MODEL_BAD_REPLY`).
+        """
         completions = self._client().with_options(timeout=timeout, max_retries=retries).chat.completions
-        if not self.stream:
-            raw = completions.with_raw_response.create(model=self.model, messages=messages,
-                                                       extra_body=body or None, **params)
-            return parse_response(json.loads(raw.text))
+        deadline = time.monotonic() + timeout
         with completions.with_streaming_response.create(model=self.model, messages=messages,
                                                         extra_body=body or None, **params) as response:
+            try:
+                raw = self._read_reply(response.iter_bytes(), deadline)
+            except httpx.HTTPError as exc:
+                raise _BadReply(f"the answer broke off ({type(exc).__name__})") from exc
+        try:
+            if not self.stream:
+                return parse_response(_json_object(raw))
             chunks = []
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
+            for line in raw.splitlines():
+                if not line.startswith(b"data:"):
                     continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
+                data = line[len(b"data:"):].strip()
+                if data == b"[DONE]":
                     break
-                chunks.append(json.loads(data))
-        return parse_stream(chunks)
+                chunks.append(_json_object(data))
+            return parse_stream(chunks)
+        except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
+            raise _BadReply(f"{type(exc).__name__}: {_one_line(exc)}") from exc
+
+    def _read_reply(self, pieces: Any, deadline: float) -> bytes:
+        out = bytearray()
+        for piece in pieces:
+            out += piece
+            if len(out) > self.max_reply_bytes:
+                raise _BadReply(f"the answer is over max_reply_bytes ({self.max_reply_bytes} bytes)")
+            if time.monotonic() > deadline:
+                raise _BadReply("the answer was still arriving when its time ran out")
+            if self.stream and out.rstrip().endswith(b"data: [DONE]"):
+                break
+        return bytes(out)
 
 
 class _ModelFailure(Exception):
     def __init__(self, kind: str, policy: AgentOutcomePolicy, message: str) -> None:
         super().__init__(message)
         self.kind, self.policy, self.message = kind, policy, message
+
+
+class _BadReply(Exception):
+    """The server's answer is unusable (`MODEL_BAD_REPLY`)."""
 
 
 class _BadRequest(Exception):
@@ -404,10 +469,17 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300]
 
 
+def _json_object(raw: bytes) -> dict[str, Any]:
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError("the answer is not a JSON object")
+    return value
+
+
 def _arguments(raw: str) -> Any:
     try:
         value = json.loads(raw) if raw else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {"_raw": raw}
     return value if isinstance(value, dict) else {"_raw": raw}
 
