@@ -81,3 +81,48 @@ def test_issue18_bad_command_or_env_refused():
         CommandAgent("  ")
     with pytest.raises(ValueError, match="variable name"):
         CommandAgent("true", env={"NOT A NAME": "x"})
+
+
+HOSTILE = ["it's", '"', "$(touch /tmp/hg-cmd-pwned)", "`touch /tmp/hg-cmd-pwned`", "\\", "\\'", "'\"'\"'",
+           "${HOME}", "$'\\x41'", "a\nb; touch /tmp/hg-cmd-pwned", "{instruction}", "!!", "*", "-n", "",
+           "'$(touch /tmp/hg-cmd-pwned)'", "\"; touch /tmp/hg-cmd-pwned; \"", NASTY]
+
+
+@pytest.mark.parametrize("template, wrap", [
+    ("printf '%s' {instruction}", "{}"),
+    ("printf '%s' \"{instruction}\"", "{}"),
+    ("printf '%s' '{instruction}'", "{}"),
+    ("printf '%s' $'{instruction}'", "{}"),
+    ("printf '%s' \"pre-{instruction}-post\"", "pre-{}-post"),
+    ("printf '%s' \"$(printf '%s' {instruction})\"", "{}"),
+    ("printf '%s' \"$(printf '%s' \"<{instruction}>\")\"", "<{}>"),
+    ("(printf '%s' '[{instruction}]')", "[{}]"),
+])
+def test_instruction_is_exactly_one_argument_in_every_quoting_context(tmp_path, template, wrap):
+    # SPEC: GYM-10: the instruction reaches the harness as exactly its text, in whatever quotes the template puts
+    # the placeholder; metacharacters, quotes, newlines and a placeholder inside the instruction run nothing.
+    canary = __import__("pathlib").Path("/tmp/hg-cmd-pwned")
+    canary.unlink(missing_ok=True)
+    agent = CommandAgent(template)
+    for text in HOSTILE:
+        out = subprocess.run(["bash", "-c", agent.command_line(text)], capture_output=True, text=True).stdout
+        assert out == wrap.replace("{}", text, 1), (template, text)
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize("template", ["harness `echo {instruction}`", "cat <<EOF\n{instruction}\nEOF\n",
+                                      "harness \"`echo {instruction}`\""])
+def test_placeholder_where_no_quoting_holds_is_refused(template):
+    # SPEC: GYM-10: inside backticks or a here-document (whose body expands $(...)) no quoting of the instruction
+    # holds: the agent is refused when made, naming the alternative.
+    with pytest.raises(ValueError, match="backticks|here-document"):
+        CommandAgent(template)
+
+
+def test_instruction_with_nul_ends_the_turn_without_running():
+    # SPEC: GYM-5: no program argument can hold a NUL byte: the turn ends as an error (policy fail) naming it and
+    # the command never runs.
+    fake = FakeExec()
+    outcome = CommandAgent("harness {instruction}").run(make_turn(fake, "a\x00b"))
+    assert fake.calls == []
+    assert outcome.status is AgentStatus.ERROR and outcome.failure_kind == "harbor_gym:instruction_has_nul"
