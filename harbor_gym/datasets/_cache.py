@@ -12,7 +12,10 @@ Guarantees: a dataset folder appears whole or not at all (built beside it, then 
 (``git rev-parse <commit>^{commit}`` must name the registry's commit) before anything is cut from it; a task path
 that is not a folder at that commit is an error naming the URL, commit and path; archives are unpacked with
 tarfile's ``data`` filter (no absolute paths, no ``..``, no links leaving the folder). Concurrent callers of the same
-dataset wait on one lock file and build it once.
+dataset wait on one lock file and build it once. The manifest records a digest of the whole tree as it was cut
+(`tree_digest`: every name, kind, mode, content and link target); a cached folder whose tree no longer matches it
+(a file changed, added or removed after the fetch) is never used: it is cut again from its pinned commits. git runs
+with its ``ext::`` transport and host-configured helpers off, so a registry's URL cannot run a host command.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 from harbor_gym.datasets._registry import RegistryDataset, RegistryTask
 from harbor_gym.errors import DatasetError
 
-__all__ = ["cache_root", "dataset_key", "materialize", "MANIFEST"]
+__all__ = ["cache_root", "dataset_key", "materialize", "tree_digest", "MANIFEST"]
 
 #: The file inside a dataset folder that records where each task came from.
 MANIFEST = ".harbor-gym-dataset.json"
@@ -53,11 +56,19 @@ def dataset_key(dataset: RegistryDataset) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+#: git options of every call: no ``ext::`` (runs a host command) or ``fd::`` transport, and URLs of a registry are
+#: never treated as options.
+_GIT_SAFETY = ["-c", "protocol.ext.allow=never", "-c", "protocol.fd.allow=never", "-c", "core.hooksPath=/dev/null"]
+
+
+def _git_env() -> dict[str, str]:
+    return {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "LC_ALL": "C"}
+
+
 def _git(args: list[str], *, cwd: Path | None = None, what: str, retryable: bool = False) -> str:
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "LC_ALL": "C"}
     try:
-        done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, timeout=_GIT_TIMEOUT_S,
-                              check=False)
+        done = subprocess.run(["git", *_GIT_SAFETY, *args], cwd=cwd, env=_git_env(), capture_output=True,
+                              timeout=_GIT_TIMEOUT_S, check=False)
     except FileNotFoundError as exc:
         raise DatasetError("the git client is not installed; install git to fetch datasets by name",
                            field="git") from exc
@@ -117,10 +128,9 @@ def _cut(repo: Path, full: str, task: RegistryTask, dest: Path, url: str) -> Non
         if task.path != "." else "tree\n"
     if kind.strip() != "tree":
         raise DatasetError(f"{task.path!r} is not a folder at commit {full[:12]} of {url}", field=f"tasks.{task.name}.path")
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
     prefix = "" if task.path == "." else task.path.rstrip("/") + "/"
-    done = subprocess.run(["git", "archive", "--format=tar", f"{full}:{task.path}" if prefix else full], cwd=repo,
-                          env=env, capture_output=True, timeout=_GIT_TIMEOUT_S, check=False)
+    done = subprocess.run(["git", *_GIT_SAFETY, "archive", "--format=tar", f"{full}:{task.path}" if prefix else full],
+                          cwd=repo, env=_git_env(), capture_output=True, timeout=_GIT_TIMEOUT_S, check=False)
     if done.returncode != 0:
         raise DatasetError(f"cannot archive {task.path!r} at {full[:12]} of {url}: "
                            f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}", field=f"tasks.{task.name}.path")
@@ -151,6 +161,9 @@ def _build(dataset: RegistryDataset, staging: Path) -> list[dict]:
         if task.git_url is None:
             base = Path(dataset.registry).expanduser().resolve().parent
             src = (base / task.path).resolve()
+            if not src.is_relative_to(base):  # a link under the registry's folder leading out of it
+                raise DatasetError(f"local task folder {task.path!r} leads out of the registry's folder {base}",
+                                   path=dataset.registry, field=f"tasks.{task.name}.path")
             if not src.is_dir():
                 raise DatasetError(f"local task folder {src} does not exist", path=dataset.registry,
                                    field=f"tasks.{task.name}.path")
@@ -166,6 +179,39 @@ def _build(dataset: RegistryDataset, staging: Path) -> list[dict]:
     return rows
 
 
+def tree_digest(root: Path) -> str:
+    """SHA-256 over every entry below ``root`` except the manifest: its relative name, kind, mode, and the bytes of
+    a file or the target of a link (links are never followed). Any change, addition or removal changes it."""
+    digest = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        base = Path(dirpath)
+        for name in sorted(dirnames + filenames):
+            path = base / name
+            rel = path.relative_to(root).as_posix()
+            if rel == MANIFEST:
+                continue
+            st = path.lstat()
+            digest.update(json.dumps([rel, oct(st.st_mode)]).encode() + b"\0")
+            if path.is_symlink():
+                digest.update(os.readlink(path).encode("utf-8", "surrogateescape") + b"\0")
+            elif path.is_file():
+                with open(path, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        digest.update(block)
+                digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _intact(final: Path) -> bool:
+    """True when ``final`` holds a manifest whose recorded tree digest is the folder's tree now."""
+    try:
+        recorded = json.loads((final / MANIFEST).read_text(encoding="utf-8")).get("tree_sha256")
+    except (OSError, ValueError):
+        return False
+    return isinstance(recorded, str) and recorded == tree_digest(final)
+
+
 def materialize(dataset: RegistryDataset) -> Path:
     """The local folder of ``dataset`` (one task folder per registry task), fetching and cutting it if it is not
     cached yet. A cached one is returned without touching git or the network.
@@ -176,21 +222,27 @@ def materialize(dataset: RegistryDataset) -> Path:
     """
     root = cache_root()
     final = root / f"{dataset.name.replace('/', '__')}@{dataset.version}-{dataset_key(dataset)}"
-    if (final / MANIFEST).is_file():
+    if final.parent != root or final.name.startswith("."):  # names and versions are checked at read; never trust
+        raise DatasetError(f"dataset {dataset.name!r}@{dataset.version!r} does not name a folder of the cache",
+                           path=dataset.registry, field="name")
+    if _intact(final):
         return final
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".lock-{final.name}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / MANIFEST).is_file():
+        if _intact(final):
             return final
         staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
         try:
             rows = _build(dataset, staging)
             (staging / MANIFEST).write_text(json.dumps(
-                {"name": dataset.name, "version": dataset.version, "registry": dataset.registry, "tasks": rows},
-                indent=2), encoding="utf-8")
-            if final.exists():  # a partial folder of an older harbor_gym: replace it
-                shutil.rmtree(final)
+                {"name": dataset.name, "version": dataset.version, "registry": dataset.registry, "tasks": rows,
+                 "tree_sha256": tree_digest(staging)}, indent=2), encoding="utf-8")
+            if final.exists() or final.is_symlink():  # partial, tampered with, or an older layout: replace it
+                if final.is_symlink() or not final.is_dir():
+                    final.unlink()
+                else:
+                    shutil.rmtree(final)
             os.rename(staging, final)
         finally:
             if staging.exists():

@@ -23,6 +23,18 @@ __all__ = ["DatasetRef", "RegistryDataset", "RegistryTask", "parse_dataset_ref",
 _REF = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._/-]*)@(?P<version>[A-Za-z0-9][A-Za-z0-9._+-]*)$")
 _COMMIT = re.compile(r"^[0-9a-fA-F]{7,40}$")
 _TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_MAX_NAME = 200
+#: Transports a registry read from the network may name: never a host path or ``file://`` (that would copy the
+#: host's own repositories into a sandbox), never git's ``ext::`` (a host command).
+_REMOTE_GIT = re.compile(r"^(https?|ssh|git)://|^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:")
+
+
+def is_remote_source(source: str) -> bool:
+    """True for a registry read over the network (``http(s)://``): its entries may name only network
+    repositories, never a path of this host."""
+    return urllib.parse.urlparse(source).scheme in ("http", "https")
 
 
 @dataclass(frozen=True)
@@ -95,17 +107,24 @@ def _task(raw: Any, where: str, source: str) -> RegistryTask:
         raise DatasetError("'path' (the task folder inside the repository) is required", path=source,
                            field=f"{where}.path")
     url, commit = raw.get("git_url"), raw.get("git_commit_id")
+    parts = Path(path).parts
+    if Path(path).is_absolute() or ".." in parts or "\x00" in path or "\\" in path:
+        raise DatasetError(f"'path' {path!r} must be relative to the repository root (or, for a local task, to the "
+                           "registry's folder), without '..'", path=source, field=f"{where}.path")
+    if url is None and is_remote_source(source):
+        raise DatasetError("a registry read from the network cannot name a local task folder (no 'git_url'): it "
+                           "would copy a folder of this host", path=source, field=f"{where}.git_url")
     if url is not None:
-        if not isinstance(url, str) or not url:
+        if not isinstance(url, str) or not url or url.startswith("-"):
             raise DatasetError("'git_url' must be a repository URL or path", path=source, field=f"{where}.git_url")
+        if url.lower().startswith("ext::") or (is_remote_source(source) and not _REMOTE_GIT.match(url)):
+            raise DatasetError(f"'git_url' {url!r} must be an http(s), ssh or git URL in a registry read from the "
+                               "network (a host path, file:// or ext:: would reach this host)", path=source,
+                               field=f"{where}.git_url")
         if not isinstance(commit, str) or not _COMMIT.match(commit):
             raise DatasetError(f"'git_commit_id' {commit!r} must pin a commit (7 to 40 hex digits); a branch or no "
                                "commit would make the dataset change under the same name", path=source,
                                field=f"{where}.git_commit_id")
-        parts = Path(path).parts
-        if Path(path).is_absolute() or ".." in parts:
-            raise DatasetError(f"'path' {path!r} must be relative to the repository root, without '..'",
-                               path=source, field=f"{where}.path")
         commit = commit.lower()
     return RegistryTask(name=name, path=path.strip("/") or ".", git_url=url, git_commit_id=commit)
 
@@ -130,9 +149,16 @@ def read_registry(source: str) -> tuple[RegistryDataset, ...]:
         where = f"[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise DatasetError("a dataset entry must be an object with a 'name'", path=source, field=where)
+        name = entry["name"]
+        if len(name) > _MAX_NAME or not _DATASET_NAME.match(name) or ".." in name.split("/"):
+            raise DatasetError(f"dataset name {name[:80]!r} must be path segments of [A-Za-z0-9._-] joined by '/' "
+                               f"(at most {_MAX_NAME} characters)", path=source, field=f"{where}.name")
         version = entry.get("version")
         if not isinstance(version, (str, int, float)) or isinstance(version, bool) or str(version) == "":
             raise DatasetError("'version' is required", path=source, field=f"{where}.version")
+        if len(str(version)) > _MAX_NAME or not _VERSION.match(str(version)):
+            raise DatasetError(f"version {str(version)[:80]!r} must match [A-Za-z0-9][A-Za-z0-9._+-]* (at most "
+                               f"{_MAX_NAME} characters)", path=source, field=f"{where}.version")
         tasks_raw = entry.get("tasks")
         if not isinstance(tasks_raw, list) or not tasks_raw:
             raise DatasetError("'tasks' must be a non-empty list", path=source, field=f"{where}.tasks")
