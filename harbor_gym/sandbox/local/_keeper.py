@@ -33,6 +33,8 @@ import time
 _libc = ctypes.CDLL(None, use_errno=True)
 _MNT_DETACH = 2
 _PR_SET_CHILD_SUBREAPER = 36
+#: The environment of the sandbox's PID 1 (bwrap): a PATH only.
+_SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class _Stop(Exception):
@@ -273,8 +275,10 @@ def main():
         # a host file: a root agent can reopen it through /proc/1/fd/2, and a file would grow without bound.
         log_r, log_w = os.pipe()
         os.set_blocking(log_r, False)
+        # bwrap becomes the sandbox's PID 1, whose /proc/1/environ every sandbox process can read: it starts
+        # with a PATH only, never this host's environment (API keys, cloud credentials, HOME).
         proc = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=log_w)
+                                stderr=log_w, env={"PATH": _SANDBOX_PATH})
         os.close(log_w)
         for fd in fds:
             os.close(fd)
