@@ -217,9 +217,18 @@ class EpisodeResult:
     agent_caused: bool = False
     outage_cause: str | None = None
 
+    @property
+    def freeze_exempt_turns(self) -> tuple[int, ...]:
+        """GYM-11: the indices of the turns whose shared verifier ran while a process of the sandbox was left
+        running because it held a listening socket (``freeze_agent_during_verify="auto"``): their rewards could
+        have been written by that process. Empty when no turn needed the exemption."""
+        return tuple(t.index for t in self.turns if t.freeze_exempt)
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of every field (turns as dicts)."""
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """A JSON-able dict of every field (turns as dicts) and ``freeze_exempt_turns``."""
+        out = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["freeze_exempt_turns"] = list(self.freeze_exempt_turns)
+        return out
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,10 @@ class TurnRow(BaseModel):
                                             "and logprobs included, are in trajectories.jsonl.")
     model_calls_refused: int = Field(0, description="Issue 18: calls to the episode's capture proxy refused during "
                                                     "this turn's span because no activation window was open.")
+    freeze_exempt: list[str] = Field(default_factory=list, description="GYM-11: executables of the processes left "
+                                     "running while this turn's shared verifier ran, because they held a listening "
+                                     "socket (freeze_agent_during_verify='auto'); such a process could have written "
+                                     "the reward. Empty when nothing was exempt.")
 
 
 class _EpisodeKey(BaseModel):
@@ -162,6 +166,7 @@ def turn_row(record: Any) -> TurnRow:
         outage_cause=_record_attr(record, "outage_cause"),
         model_calls=len(_record_attr(record, "model_calls", ()) or ()),
         model_calls_refused=int(_record_attr(record, "model_calls_refused", 0) or 0),
+        freeze_exempt=[str(getattr(e, "exe", e)) for e in _record_attr(record, "freeze_exempt", ()) or ()],
     )
 
 

@@ -184,9 +184,10 @@ def decode_trace(aux_b64: str, into: TraceDigest) -> None:
 
 
 def buildkit_build(client: Any, data: bytes, *, tag: str, dockerfile: str, labels: Mapping[str, str],
-                   timeout_s: float, deadline: float, now: Any, lines: list[str]) -> str | None:
+                   timeout_s: float, deadline: float, now: Any, lines: list[str], network: bool = False) -> str | None:
     """Run one BuildKit build of the context tar ``data`` (GNU format); returns the build's error or ``None``, its
-    log lines (vertex names and output) appended to ``lines``.
+    log lines (vertex names and output) appended to ``lines``. Without ``network`` the build's steps run with no
+    network (``networkmode=none``).
 
     Raises:
         requests exceptions and `docker.errors.DockerException` as the SDK raises them (the caller translates);
@@ -195,6 +196,8 @@ def buildkit_build(client: Any, data: bytes, *, tag: str, dockerfile: str, label
     api = client.api
     params = {"t": tag, "dockerfile": dockerfile, "version": "2", "rm": "1", "forcerm": "1",
               "labels": json.dumps(dict(labels))}
+    if not network:  # RUN steps get no network at all; nothing here ever grants network.host
+        params["networkmode"] = "none"
     response = api._post(api._url("/build"), params=params, data=data,
                          headers={"Content-Type": "application/x-tar"}, stream=True, timeout=max(1, int(timeout_s)))
     api._raise_for_status(response)

@@ -54,6 +54,8 @@ class SandboxSpec:
         cpus, memory_mb, storage_mb, pids_limit, gpus: limits; ``None`` = no limit. A backend that cannot enforce
             a given limit exactly refuses the spec at start (`SandboxUnavailableError`), never ignores it.
         network: ``False`` = no network interface but loopback.
+        build_network: whether a build of ``build_context`` gets network (its ``RUN`` steps); ``None``: as
+            ``network``. Never the host's network.
         host_service_port: a TCP port of a service on the trainer's host that this sandbox may reach (and no other
             host port; `harbor_gym.sandbox.host_route`). A no-network sandbox then gets an interface that reaches
             only that port on the host, nothing else (no egress, no siblings). Start is refused unless a route to
@@ -77,6 +79,7 @@ class SandboxSpec:
     pids_limit: int | None = None
     gpus: int | None = None
     network: bool = False
+    build_network: bool | None = None
     host_service_port: int | None = None
     tmpfs: Mapping[str, int] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)

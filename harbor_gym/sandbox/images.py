@@ -297,11 +297,15 @@ def build_image(
     *,
     dockerfile: str = "Dockerfile",
     timeout_s: float = 600.0,
+    network: bool = False,
 ) -> ImageInfo:
     """Build (or reuse) the image of the build context ``context``.
 
     Returns the cached image when one with the same content hash exists. Concurrent calls for the same context
-    build once. With pull policy ``never`` a missing base image is refused before building.
+    build once. With pull policy ``never`` a missing base image is refused before building. The build's ``RUN``
+    steps get no network (``networkmode=none``, both builders) unless ``network`` (the task's sandbox is public);
+    they never get the host's network (BuildKit's ``network.host`` entitlement is never granted), and they see
+    only the context: no secrets, ssh agent or named contexts are passed to the builder.
 
     Raises:
         ImageError: the context is invalid, a base image is missing under ``never``, the build failed (message
@@ -338,10 +342,11 @@ def build_image(
             if buildkit:
                 error = buildkit_build(client, data, tag=tag, dockerfile=dockerfile, lines=lines,
                                        labels={MANAGED_LABEL: "true", CACHE_LABEL: "build"},
-                                       timeout_s=timeout_s, deadline=deadline, now=time.monotonic)
+                                       timeout_s=timeout_s, deadline=deadline, now=time.monotonic,
+                                       network=network)
             else:
                 error = _classic_build(client, data, tag=tag, dockerfile=dockerfile, settings=settings,
-                                       timeout_s=timeout_s, deadline=deadline, lines=lines)
+                                       timeout_s=timeout_s, deadline=deadline, lines=lines, network=network)
         except (requests.exceptions.Timeout, TimeoutError) as exc:
             raise ImageError(f"build exceeded its timeout of {timeout_s:g} s{_tail(lines)}",
                              path=context, field="build_timeout_s") from exc
@@ -361,13 +366,14 @@ def build_image(
 
 
 def _classic_build(client: "docker.DockerClient", data: bytes, *, tag: str, dockerfile: str,
-                   settings: SandboxSettings, timeout_s: float, deadline: float, lines: list[str]) -> str | None:
+                   settings: SandboxSettings, timeout_s: float, deadline: float, lines: list[str],
+                   network: bool = False) -> str | None:
     """The engine's classic builder through the SDK; returns the build's error or ``None``, log lines appended to
     ``lines``. Raises TimeoutError past ``deadline`` and what the SDK raises."""
     stream = client.api.build(
         fileobj=io.BytesIO(data), custom_context=True, dockerfile=dockerfile, tag=tag, rm=True,
         forcerm=True, pull=settings.pull_policy == "always", decode=True, timeout=max(1, int(timeout_s)),
-        labels={MANAGED_LABEL: "true", CACHE_LABEL: "build"},
+        labels={MANAGED_LABEL: "true", CACHE_LABEL: "build"}, network_mode=None if network else "none",
     )
     error = None
     for chunk in stream:
@@ -458,7 +464,8 @@ def ensure_image(client: "docker.DockerClient", spec, settings: SandboxSettings)
     """The image of ``spec`` (a `SandboxSpec`): its build context built, or its image name resolved."""
     if spec.build_context is not None:
         return build_image(client, Path(spec.build_context), settings, dockerfile=spec.dockerfile,
-                           timeout_s=spec.build_timeout_s)
+                           timeout_s=spec.build_timeout_s,
+                           network=bool(spec.network if spec.build_network is None else spec.build_network))
     if not spec.image:
         raise SandboxError("spec names neither an image nor a build context", field="image")
     return resolve_image(client, spec.image, settings)

@@ -68,10 +68,17 @@ def test_gym_11_default_freeze_defeats_every_leftover_writer(tmp_path, writer):
 # SPEC: GYM-11 (auto exempts a process holding a listening socket, lists it, and so pays it: the documented residual
 # risk; True stops it)
 def test_gym_11_listening_writer_exempt_under_auto_stopped_under_strict(tmp_path):
-    results, _ = run_episode(_task(tmp_path, "listen-auto"), [LISTENING_WRITER, ":"], config())
+    results, final = run_episode(_task(tmp_path, "listen-auto"), [LISTENING_WRITER, ":"], config())
     first = results[0].record
     assert first.reward == 1.0, first  # the residual risk README states
     assert len(first.freeze_exempt) == 1 and "python3" in first.freeze_exempt[0].exe, first.freeze_exempt
+    # the exemption is visible where a trainer looks: the episode's summary and its rollout row
+    assert final.freeze_exempt_turns == tuple(r.record.index for r in results if r.record.freeze_exempt)
+    assert 0 in final.freeze_exempt_turns and final.to_dict()["freeze_exempt_turns"] == list(final.freeze_exempt_turns)
+    from harbor_gym.run.rows import rows_from_episode
+
+    row = rows_from_episode(final, task_id="t", rollout=0, seed=0, agent="script", duration_sec=1.0)
+    assert "python3" in row.turns[0].freeze_exempt[0]
     results, _ = run_episode(_task(tmp_path, "listen-strict"), [LISTENING_WRITER, ":"],
                              config(freeze_agent_during_verify=True))
     assert [r.record.reward for r in results] == [0.0, 0.0]

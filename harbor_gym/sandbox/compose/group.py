@@ -268,7 +268,7 @@ class ComposeGroup:
             spec = SandboxSpec(
                 **image, build_timeout_s=self.build_timeout_s, workdir=service.working_dir, env=service.env,
                 user=service.user, cpus=size.cpus, pids_limit=size.pids,
-                network=self.network_enabled and service.is_main,
+                network=self.network_enabled and service.is_main, build_network=self.network_enabled,
                 storage_mb=self.sidecar_storage_mb, labels=member_labels, name_hint=hint)
         return ServiceSandbox(spec, self.settings, service=service, network=self.name, volumes=self._volumes,
                               memory_bytes=memory_bytes, follow_service=not service.is_main,
