@@ -225,10 +225,8 @@ class EpisodeResult:
         return tuple(t.index for t in self.turns if t.freeze_exempt)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of every field (turns as dicts) and ``freeze_exempt_turns``."""
-        out = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        out["freeze_exempt_turns"] = list(self.freeze_exempt_turns)
-        return out
+        """A JSON-able dict of every field (turns as dicts; ``freeze_exempt_turns`` follows from them)."""
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@ host's own folders (`SCANNED`) finds no file newer than the session's stamp outs
 
 Left out of the scan, each for a stated reason: pseudo and runtime filesystems (``/proc``, ``/sys``, ``/dev``,
 ``/run``); scratch (``/tmp``, ``/var/tmp``: pytest's folders, local sandboxes' layers, temporary log folders);
-the engines' data roots (``/var/lib/docker``, ``/var/lib/containerd``, ``/var/lib/harbor-gym``); logs and package
+the engines' data roots (``/var/lib/docker``, ``/var/lib/containerd``, ``/var/lib/harbor-gym``, podman's
+``/var/lib/containers``) and podman's network definitions (``/etc/containers/networks``, which netavark writes
+when harbor_gym creates its podman network, the first time on a new machine); logs and package
 caches (``/var/log``, ``/var/cache``, ``/root/.cache``: pip caches and harbor_gym's lease folder); the working
 trees (``/work``: the repository and its notes, edited by people at the same time); Python bytecode caches.
 Other filesystems than ``/`` are not crossed (``-xdev``).
@@ -19,7 +21,8 @@ import subprocess
 SCANNED = ("/etc", "/usr", "/var", "/root", "/home", "/opt", "/srv", "/mnt", "/media", "/boot", "/bin", "/sbin",
            "/lib", "/lib64", "/lib32", "/libx32")
 PRUNED = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/lib/docker", "/var/lib/containerd",
-          "/var/lib/harbor-gym", "/var/log", "/var/cache", "/root/.cache", "/work")
+          "/var/lib/harbor-gym", "/var/lib/containers", "/etc/containers/networks", "/var/log", "/var/cache",
+          "/root/.cache", "/work")
 
 
 def new_files(stamp) -> list[str]:
